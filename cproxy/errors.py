@@ -1,0 +1,90 @@
+"""One rooted exception hierarchy for the service.
+
+Every error carries a stable snake_case ``code``; the HTTP layer maps the class to a status
+code (see ``cproxy.api.errors``) and never needs to inspect messages. Foreign errors (sqlite3,
+aiokafka, OS errors) are translated once, at the store boundary, with ``raise ... from exc``.
+"""
+
+from __future__ import annotations
+
+
+class CproxyError(Exception):
+    """Base of every error cproxy raises on purpose."""
+
+    code = "internal_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(CproxyError):
+    """The request is well-formed JSON but asks for something invalid (maps to 422)."""
+
+    code = "invalid_request"
+
+
+class InvalidOrderBy(InvalidRequest):
+    """An ``order_by`` value is not ``qid``, ``key``, ``none`` or a valid JSON path."""
+
+    code = "invalid_order_by"
+
+
+class ConfigError(InvalidRequest):
+    """A settings file, flag or group config is invalid."""
+
+    code = "invalid_config"
+
+
+class NotFound(CproxyError):
+    code = "not_found"
+
+
+class TopicNotFound(NotFound):
+    code = "topic_not_found"
+
+
+class GroupNotFound(NotFound):
+    code = "group_not_found"
+
+
+class Conflict(CproxyError):
+    code = "conflict"
+
+
+class TopicConflict(Conflict):
+    """A topic exists with a different queue count."""
+
+    code = "topic_conflict"
+
+
+class TooLarge(CproxyError):
+    """A request or message exceeds a configured size limit (maps to 413)."""
+
+    code = "too_large"
+
+
+class StoreError(CproxyError):
+    """The store failed or is unavailable (maps to 503)."""
+
+    code = "store_unavailable"
+
+
+class ShuttingDown(StoreError):
+    code = "shutting_down"
+
+
+class AuthError(CproxyError):
+    code = "unauthorized"
+
+
+class Unauthorized(AuthError):
+    """No token, or a token nobody configured (maps to 401)."""
+
+    code = "unauthorized"
+
+
+class Forbidden(AuthError):
+    """A valid token used outside its role or scope (maps to 403)."""
+
+    code = "forbidden"

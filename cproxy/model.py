@@ -1,0 +1,88 @@
+"""Plain data shared by the engine, the stores and the HTTP layer.
+
+Message bodies and headers travel as already-encoded JSON bytes: the proxy almost never needs
+to look inside them (only a JSON-path ``order_by`` does), so decoding and re-encoding them on
+every hop would be wasted work. The HTTP layer embeds them verbatim with ``orjson.Fragment``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: (topic, qid): one queue of one topic.
+QueueRef = tuple[str, int]
+#: (topic, qid, offset): one message.
+MessageRef = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
+
+    topic: str
+    qid: int
+    offset: int
+    key: str | None
+    body_json: bytes
+    headers_json: bytes | None
+    id: str | None
+    produced_at_ms: int
+
+    @property
+    def ref(self) -> MessageRef:
+        return (self.topic, self.qid, self.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A message about to be appended; ``qid`` is already chosen by the partitioner."""
+
+    qid: int
+    key: str | None
+    body_json: bytes
+    headers_json: bytes | None = None
+    id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    qid: int
+    offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    qid: int
+    min_offset: int
+    next_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueProgress:
+    """Persisted progress of one group on one queue.
+
+    ``committed`` is the lowest unfinished offset. ``finished`` lists half-open ranges
+    ``[start, end)`` above it that are already acked or dead-lettered, so a restart does not
+    replay them. Ranges are sorted, disjoint and all start above ``committed``.
+    """
+
+    committed: int
+    finished: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    group: str
+    message: Message
+    attempts: int
+    last_error: str | None
+    dead_lettered_at_ms: int
+    #: True while the dead letter has been redriven and is being delivered again.
+    redriving: bool = False

@@ -1,0 +1,110 @@
+"""The store interface: where messages and group progress live.
+
+The engine never sees a store; the broker (``cproxy.broker``) drives one. Implementations:
+``memory.MemoryStore`` (tests), ``sqlite.SqliteStore`` (the embedded default) and, later, a
+Kafka backend. Everything is async so a networked backend fits without touching callers.
+
+Rules every implementation keeps:
+
+- Offsets per (topic, qid) start at 0 and are contiguous and increasing.
+- ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
+- Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
+  stored again; its result is the original qid/offset with ``duplicate=True``. Two messages with
+  one id in a single call: the second is a duplicate of the first.
+- ``produced_at_ms`` is non-decreasing per queue (the store clamps to the previous value), so
+  ``offset_for_time`` can binary-search.
+- ``commit`` writes progress, new dead letters and finished redrives in one transaction.
+- Foreign errors are translated to ``cproxy.errors.StoreError`` at this boundary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from cproxy.model import (
+    AppendResult,
+    DeadLetter,
+    Message,
+    MessageRef,
+    NewMessage,
+    QueueProgress,
+    QueueRef,
+    QueueStats,
+    TopicInfo,
+)
+
+
+class Store(Protocol):
+    async def open(self) -> None:
+        """Open files/connections and create the schema if needed."""
+
+    async def close(self) -> None:
+        """Flush and release everything; idempotent."""
+
+    async def ping(self) -> bool:
+        """True when the store can serve requests (used by ``/readyz``)."""
+
+    # -- topics --------------------------------------------------------------------------------
+    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+        """Create a topic; returns ``(info, created)``.
+
+        Same name and queue count again returns ``created=False``; a different queue count
+        raises ``TopicConflict``.
+        """
+
+    async def list_topics(self) -> list[TopicInfo]: ...
+
+    async def queue_stats(self, topic: str) -> list[QueueStats]:
+        """Per-queue ``min_offset`` / ``next_offset``; raises ``TopicNotFound``."""
+
+    # -- messages ------------------------------------------------------------------------------
+    async def append(
+        self,
+        topic: str,
+        messages: Sequence[NewMessage],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[AppendResult]:
+        """Append atomically; results are in input order. Raises ``TopicNotFound``."""
+
+    async def read(
+        self, topic: str, qid: int, from_offset: int, max_count: int
+    ) -> list[Message]:
+        """Messages with ``offset >= from_offset`` in offset order, at most ``max_count``."""
+
+    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        """First offset with ``produced_at_ms >= timestamp_ms`` (``next_offset`` if none)."""
+
+    # -- groups --------------------------------------------------------------------------------
+    async def save_group(self, name: str, config_json: bytes) -> None:
+        """Create or replace the stored config of a group."""
+
+    async def load_groups(self) -> dict[str, bytes]:
+        """Every stored group's config, by name."""
+
+    async def delete_group(self, name: str) -> None:
+        """Drop the group's config, progress and dead letters."""
+
+    async def load_progress(self, group: str) -> dict[QueueRef, QueueProgress]: ...
+
+    async def commit(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        dead_letters: Sequence[DeadLetter] = (),
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> None:
+        """Persist progress, upsert dead letters, delete finished redrives: one transaction."""
+
+    # -- dead letters --------------------------------------------------------------------------
+    async def list_dead_letters(
+        self, group: str, topic: str | None, limit: int
+    ) -> list[DeadLetter]:
+        """Dead letters in (topic, qid, offset) order, redriving ones excluded."""
+
+    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+        """Mark dead letters as redriving and return them in (topic, qid, offset) order."""
+
+    async def load_redriving(self, group: str) -> list[DeadLetter]:
+        """Dead letters marked redriving (to resume delivery after a restart)."""
