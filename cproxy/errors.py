@@ -88,3 +88,15 @@ class Forbidden(AuthError):
     """A valid token used outside its role or scope (maps to 403)."""
 
     code = "forbidden"
+
+
+class BlockedKeyNotFound(NotFound):
+    """No blocked head matches the operator's request."""
+
+    code = "blocked_key_not_found"
+
+
+class NotBlocked(Conflict):
+    """The head named by an operator action is not in a state the action applies to."""
+
+    code = "not_blocked"

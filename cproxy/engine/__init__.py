@@ -1,1 +1,1 @@
-
+"""Pure delivery logic: no I/O, no clock, no FastAPI, no store imports."""

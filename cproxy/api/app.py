@@ -1,0 +1,61 @@
+"""The FastAPI application: wiring only (settings, store, broker, routers, errors)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI
+
+from cproxy import __version__
+from cproxy.broker.broker import Broker
+from cproxy.config import Settings
+from cproxy.metrics import Metrics
+from cproxy.store.base import Store
+
+from . import errors, groups, health, topics
+from .auth import Authorizer
+from .limits import BodyLimit
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
+    """Build the app; the store defaults to SQLite under ``settings.data_dir``."""
+    if store is None:
+        from cproxy.store.sqlite import SqliteStore
+
+        store = SqliteStore(settings.data_dir, synchronous=settings.sqlite_synchronous)
+    metrics = Metrics()
+    broker = Broker(store, settings, ack_latency_for=metrics.ack_latency_observer,
+                    on_produced=metrics.on_produced)
+    metrics.attach(broker)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as task_group:
+            await broker.start(task_group)
+            try:
+                yield
+            finally:
+                await broker.stop()
+                task_group.cancel_scope.cancel()
+
+    app = FastAPI(
+        title="cproxy",
+        version=__version__,
+        summary="Ordered delivery per key without head-of-line blocking",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.broker = broker
+    app.state.metrics = metrics
+    app.state.authorizer = Authorizer(settings)
+    errors.install(app)
+    app.include_router(topics.router)
+    app.include_router(groups.router)
+    app.include_router(health.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.limits.max_request_bytes)
+    return app

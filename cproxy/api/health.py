@@ -1,0 +1,29 @@
+"""Liveness, readiness and metrics (never behind auth: probes and scrapers have no token)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from .responses import json_response
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="The process is alive")
+async def healthz() -> Response:
+    return json_response({"status": "ok"})
+
+
+@router.get("/readyz", summary="The store is open and the broker takes work")
+async def readyz(request: Request) -> Response:
+    broker = request.app.state.broker
+    if broker.accepting and await broker.store.ping():
+        return json_response({"status": "ready"})
+    return json_response({"status": "unavailable"}, 503)
+
+
+@router.get("/metrics", summary="Prometheus metrics")
+async def metrics(request: Request) -> Response:
+    return Response(request.app.state.metrics.render(),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")

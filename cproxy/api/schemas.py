@@ -1,0 +1,93 @@
+"""Request bodies of the HTTP API (pydantic: types, shapes and OpenAPI docs).
+
+Range checks that belong to the domain (group settings, qids) are done by the engine and the
+broker, so the rules live in one place; these models only pin down types and shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+NonNegative = Annotated[StrictInt, Field(ge=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateTopic(_Strict):
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,200}$")]
+    queues: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
+
+
+class OutMessage(_Strict):
+    key: StrictStr | None = None
+    body: Any = None
+    headers: dict[StrictStr, StrictStr] | None = None
+    id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
+    qid: NonNegative | None = None
+
+
+class Produce(_Strict):
+    messages: Annotated[list[OutMessage], Field(min_length=1)]
+
+
+class FailItem(_Strict):
+    """A fail with the handler's error (the plain form is just the offset)."""
+
+    offset: NonNegative
+    error: Annotated[StrictStr, Field(max_length=4096)] | None = None
+
+
+class QueueResults(_Strict):
+    topic: StrictStr
+    qid: NonNegative
+    acks: list[NonNegative] = []
+    fails: list[NonNegative | FailItem] = []
+
+
+class Pull(_Strict):
+    max_messages: Annotated[StrictInt, Field(ge=1)] = 32
+    wait_ms: Annotated[StrictInt, Field(ge=0)] = 5000
+    topics: list[StrictStr] | None = None
+    results: list[QueueResults] = []
+
+
+class Ack(_Strict):
+    results: list[QueueResults]
+
+
+class MessageRefBody(_Strict):
+    topic: StrictStr
+    qid: NonNegative
+    offset: NonNegative
+
+
+class Extend(_Strict):
+    messages: Annotated[list[MessageRefBody], Field(min_length=1)]
+    ack_timeout_ms: Annotated[StrictInt, Field(ge=10, le=43_200_000)] = 30_000
+
+
+class Timestamp(_Strict):
+    timestamp_ms: NonNegative
+
+
+class Seek(_Strict):
+    topic: StrictStr
+    qid: NonNegative | None = None
+    to: Literal["earliest", "latest"] | NonNegative | Timestamp
+
+
+class BlockedKeyAction(_Strict):
+    """Name the head either by order value or, for unordered messages, by qid and offset."""
+
+    topic: StrictStr
+    order_value: StrictStr | None = None
+    qid: NonNegative | None = None
+    offset: NonNegative | None = None
+
+
+class Redrive(_Strict):
+    topic: StrictStr | None = None

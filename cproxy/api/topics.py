@@ -1,0 +1,91 @@
+"""Topics and produce."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import orjson
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import Response
+
+from cproxy.broker.broker import Broker, ProduceItem
+from cproxy.config import Limits, Token
+from cproxy.errors import TooLarge
+
+from .auth import require
+from .responses import json_response
+from .schemas import CreateTopic, Produce
+
+router = APIRouter(prefix="/v1/topics", tags=["topics"])
+
+
+def _broker(request: Request) -> Broker:
+    broker: Broker = request.app.state.broker
+    return broker
+
+
+BrokerDep = Annotated[Broker, Depends(_broker)]
+
+
+@router.post("", summary="Create a topic (idempotent)", status_code=201)
+async def create_topic(
+    body: CreateTopic, request: Request, broker: BrokerDep,
+    token: Annotated[Token | None, Depends(require("create_topic"))],
+) -> Response:
+    request.app.state.authorizer.check(token, "create_topic", [body.name])
+    info, created = await broker.create_topic(body.name, body.queues)
+    return json_response({"name": info.name, "queues": info.queues}, 201 if created else 200)
+
+
+@router.get("", summary="List topics", dependencies=[Depends(require("read_topics"))])
+async def list_topics(broker: BrokerDep) -> Response:
+    return json_response(
+        {"topics": [{"name": t.name, "queues": t.queues} for t in broker.list_topics()]}
+    )
+
+
+@router.get("/{topic}", summary="Describe a topic",
+            dependencies=[Depends(require("read_topics"))])
+async def get_topic(topic: str, broker: BrokerDep) -> Response:
+    info = broker.topic(topic)
+    stats = await broker.queue_stats(topic)
+    return json_response({
+        "name": info.name,
+        "queues": info.queues,
+        "queue_stats": [
+            {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
+            for s in stats
+        ],
+    })
+
+
+def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
+    if len(body.messages) > limits.max_messages_per_call:
+        raise TooLarge(
+            f"{len(body.messages)} messages in one call; the limit is "
+            f"{limits.max_messages_per_call}"
+        )
+    items = []
+    for i, m in enumerate(body.messages):
+        body_json = orjson.dumps(m.body)
+        headers_json = orjson.dumps(m.headers) if m.headers else None
+        size = len(body_json) + len(headers_json or b"") + len(m.key or "") + len(m.id or "")
+        if size > limits.max_message_bytes:
+            raise TooLarge(
+                f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
+            )
+        items.append(ProduceItem(body_json, m.key, headers_json, m.id, m.qid))
+    return items
+
+
+@router.post("/{topic}/messages", summary="Produce messages (atomic per call)",
+             dependencies=[Depends(require("produce"))])
+async def produce(topic: str, body: Produce, request: Request, broker: BrokerDep) -> Response:
+    items = _encode(body, request.app.state.settings.limits)
+    results = await broker.produce(topic, items, time.time_ns() // 1_000_000)
+    return json_response({
+        "results": [
+            {"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results
+        ]
+    })

@@ -1,0 +1,289 @@
+"""Drives one ``GroupEngine`` with a store: reading, timers, long polls and commits.
+
+Three background tasks per group, all on the broker's event loop:
+
+- the *fetcher* reads what the engine plans (``plan_fetches``) whenever it is kicked: a
+  produce landed, acks freed buffer space, a chain asked to be reloaded, a seek happened;
+- the *timer* fires ack timeouts and due retries at the engine's next deadline;
+- the *committer* persists progress and dead letters every ``commit_interval_ms``.
+
+Long-polling pulls wait on ``_ready``, an event replaced each time it fires so that every
+waiter wakes once per change and re-checks.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass
+
+import anyio
+from anyio.abc import TaskGroup
+
+from cproxy.engine import operations
+from cproxy.engine.config import GroupConfig
+from cproxy.engine.group import GroupEngine, Result
+from cproxy.engine.partition import FetchRequest
+from cproxy.engine.sequencer import Entry
+from cproxy.errors import StoreError
+from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
+from cproxy.store.base import Store
+
+logger = logging.getLogger(__name__)
+
+#: Messages scanned per store read while reloading a parked chain.
+RELOAD_SCAN_BATCH = 2000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    entries: list[Entry]
+    applied: int
+    unknown: list[MessageRef]
+
+
+class GroupRunner:
+    """The live side of one consumer group. Create with ``open``; stop with ``close``."""
+
+    def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
+        self.store = store
+        self.engine = engine
+        self.name = engine.name
+        self.commit_interval_ms = commit_interval_ms
+        self.dead_letter_count = 0
+        self._ready = anyio.Event()
+        self._fetch_kick = anyio.Event()
+        self._timer_kick = anyio.Event()
+        self._commit_kick = anyio.Event()
+        self._scope: anyio.CancelScope | None = None
+        self._closed = anyio.Event()
+        self._stopping = False
+
+    @classmethod
+    async def open(
+        cls,
+        store: Store,
+        name: str,
+        config: GroupConfig,
+        task_group: TaskGroup,
+        commit_interval_ms: int,
+        on_ack_latency_s: Callable[[float], None] | None = None,
+    ) -> GroupRunner:
+        """Load progress (choosing start offsets for new queues) and start the tasks."""
+        stored = await store.load_progress(name)
+        progress: dict[QueueRef, QueueProgress] = {}
+        ends: dict[QueueRef, int] = {}
+        fresh: dict[QueueRef, QueueProgress] = {}
+        for topic in config.topics:
+            for stats in await store.queue_stats(topic):
+                ref = (topic, stats.qid)
+                ends[ref] = stats.next_offset
+                if ref in stored:
+                    progress[ref] = stored[ref]
+                else:
+                    start = stats.min_offset if config.start == "earliest" else stats.next_offset
+                    progress[ref] = fresh[ref] = QueueProgress(start)
+        if fresh:
+            # Persist start offsets now so "latest" means the moment the group was created.
+            await store.commit(name, fresh)
+        engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
+        runner = cls(store, engine, commit_interval_ms)
+        operations.redrive(engine, await store.load_redriving(name))
+        runner.dead_letter_count = await store.count_dead_letters(name)
+        task_group.start_soon(runner._run, name=f"group:{name}")
+        logger.info("group %s started: %d queues, %d buffered", name, len(progress),
+                    engine.buffered)
+        return runner
+
+    async def _run(self) -> None:
+        with anyio.CancelScope() as scope:
+            self._scope = scope
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._fetcher)
+                    tg.start_soon(self._timer)
+                    tg.start_soon(self._committer)
+            finally:
+                self._closed.set()
+
+    def stop_pulls(self) -> None:
+        """Make waiting and future long polls return at once."""
+        self._stopping = True
+        self._notify_ready()
+
+    async def close(self, *, commit: bool = True) -> None:
+        """Stop the tasks and, unless told otherwise, persist progress one last time."""
+        if self._scope is not None:
+            self._scope.cancel()
+            await self._closed.wait()
+        self.stop_pulls()
+        if commit:
+            await self.commit()
+
+    # -- background tasks ----------------------------------------------------------------------
+    async def _fetcher(self) -> None:
+        while True:
+            self._fetch_kick = anyio.Event()
+            requests = self.engine.plan_fetches()
+            if not requests:
+                await self._fetch_kick.wait()
+                continue
+            try:
+                for request in requests:
+                    if request.is_reload:
+                        found, scanned_to = await self._scan(request)
+                        self.engine.on_fetched(request, found, scanned_to)
+                    else:
+                        messages = await self.store.read(
+                            request.topic, request.qid, request.from_offset, request.max_count
+                        )
+                        self.engine.on_fetched(request, messages)
+            except StoreError as exc:
+                logger.warning("group %s: read failed, retrying in 1s: %s", self.name, exc)
+                await anyio.sleep(1)
+            if self.engine.has_ready():
+                self._notify_ready()
+
+    async def _scan(self, request: FetchRequest) -> tuple[list[Message], int]:
+        """Read ``[from, upto)`` and keep the parked chain's messages (at most max_count)."""
+        found: list[Message] = []
+        offset = request.from_offset
+        while offset < request.upto and len(found) < request.max_count:
+            batch = await self.store.read(
+                request.topic, request.qid, offset,
+                min(RELOAD_SCAN_BATCH, request.upto - offset),
+            )
+            if not batch:
+                break
+            for message in batch:
+                if message.offset >= request.upto:
+                    break
+                if self.engine.order_value(message) == request.chain_value:
+                    found.append(message)
+                    if len(found) >= request.max_count:
+                        return found, message.offset + 1
+            offset = batch[-1].offset + 1
+        return found, max(offset, request.from_offset)
+
+    async def _timer(self) -> None:
+        while True:
+            self._timer_kick = anyio.Event()
+            deadline = self.engine.next_deadline_ms()
+            delay = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - now_ms()) / 1000))
+            with anyio.move_on_after(delay):
+                await self._timer_kick.wait()
+            self.engine.tick(now_ms())
+            if self.engine.has_ready():
+                self._notify_ready()
+            self._after_finish()
+
+    async def _committer(self) -> None:
+        while True:
+            self._commit_kick = anyio.Event()
+            with anyio.move_on_after(self.commit_interval_ms / 1000):
+                await self._commit_kick.wait()
+            await self.commit()
+
+    async def commit(self) -> None:
+        """Persist progress, dead letters and finished redrives now."""
+        batch = self.engine.take_commit()
+        if not batch:
+            return
+        try:
+            await self.store.commit(self.name, batch.progress, batch.dead_letters,
+                                    batch.redrive_done)
+        except StoreError as exc:
+            logger.warning("group %s: commit failed, will retry: %s", self.name, exc)
+            self.engine.requeue(batch)
+            return
+        self.dead_letter_count += len(batch.dead_letters)
+        for dead in batch.dead_letters:
+            logger.info("group %s: dead-lettered %s/%d@%d after %d attempts: %s", self.name,
+                        dead.message.topic, dead.message.qid, dead.message.offset,
+                        dead.attempts, dead.last_error)
+
+    # -- signals -------------------------------------------------------------------------------
+    def _notify_ready(self) -> None:
+        event, self._ready = self._ready, anyio.Event()
+        event.set()
+
+    def _after_finish(self) -> None:
+        """Something finished or timed out: buffer space or reloads may be pending."""
+        self._fetch_kick.set()
+        if self.engine.pending.dead_letters:
+            self._commit_kick.set()
+
+    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
+        self.engine.note_end(topic, qid, end_offset)
+        self._fetch_kick.set()
+
+    # -- consumer calls ------------------------------------------------------------------------
+    def apply(self, results: Iterable[Result]) -> tuple[int, list[MessageRef]]:
+        applied, unknown = self.engine.apply_results(results, now_ms())
+        if applied:
+            self._after_finish()
+            self._timer_kick.set()
+            if self.engine.has_ready():
+                self._notify_ready()
+        return applied, unknown
+
+    async def pull(
+        self,
+        max_messages: int,
+        wait_ms: int,
+        topics: Collection[str] | None,
+        results: Sequence[Result],
+    ) -> PullResult:
+        """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``."""
+        applied, unknown = self.apply(results) if results else (0, [])
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            ready = self._ready
+            entries = self.engine.pull(max_messages, topics, now_ms())
+            remaining = deadline - time.monotonic()
+            if entries or remaining <= 0 or self._stopping:
+                break
+            with anyio.move_on_after(remaining):
+                await ready.wait()
+        if entries:
+            self._timer_kick.set()
+        return PullResult(entries, applied, unknown)
+
+    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int
+               ) -> tuple[int, list[MessageRef]]:
+        return self.engine.extend(refs, ack_timeout_ms, now_ms())
+
+    # -- operator calls ------------------------------------------------------------------------
+    async def seek(self, topic: str, targets: dict[int, int]) -> None:
+        operations.seek(self.engine, topic, targets)
+        await self.commit()
+        self._fetch_kick.set()
+        logger.info("group %s: seek %s to %s", self.name, topic, targets)
+
+    async def redrive(self, topic: str | None) -> int:
+        dead = await self.store.start_redrive(self.name, topic)
+        count = operations.redrive(self.engine, dead)
+        self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
+        if self.engine.has_ready():
+            self._notify_ready()
+        await self.commit()  # dead letters of unsubscribed topics go back
+        logger.info("group %s: redriving %d dead letters", self.name, count)
+        return count
+
+    def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
+        done = operations.skip(self.engine, topic, order_value, ref, now_ms())
+        self._after_finish()
+        if self.engine.has_ready():
+            self._notify_ready()
+        return done
+
+    def release(self, topic: str, order_value: str | None, ref: MessageRef | None
+                ) -> MessageRef:
+        done = operations.release(self.engine, topic, order_value, ref)
+        self._notify_ready()
+        return done

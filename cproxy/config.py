@@ -1,0 +1,226 @@
+"""Typed, validated settings: a TOML file plus command-line flags (flags win).
+
+Example ``cproxy.toml``::
+
+    [server]
+    host = "0.0.0.0"
+    port = 9713
+    data_dir = "/var/lib/cproxy"
+    commit_interval_ms = 1000
+    dedup_window_ms = 86400000
+
+    [limits]
+    max_messages_per_call = 1000
+    max_message_bytes = 1048576
+    max_request_bytes = 8388608
+
+    [[tokens]]
+    token = "s3cret"
+    role = "producer"            # admin | producer | consumer
+    topics = ["rides"]           # optional scope
+
+    [topics.rides]
+    queues = 8
+
+    [groups.billing]
+    topics = { rides = { order_by = "key" } }
+    max_attempts = 5
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from cproxy.engine.config import GroupConfig
+from cproxy.errors import ConfigError
+
+TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+GROUP_NAME: Final = TOPIC_NAME
+MAX_QUEUES: Final = 1024
+MiB: Final = 1024 * 1024
+
+Role = Literal["admin", "producer", "consumer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Request limits; a request over any of them gets 413 ``too_large``."""
+
+    max_messages_per_call: int = 1000
+    max_message_bytes: int = MiB
+    max_request_bytes: int = 8 * MiB
+    max_pull_messages: int = 1000
+    max_wait_ms: int = 30_000
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A bearer token; ``topics``/``groups`` of None mean "any"."""
+
+    token: str
+    role: Role
+    topics: frozenset[str] | None = None
+    groups: frozenset[str] | None = None
+    name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything ``cproxy serve`` needs. Build with ``load_settings``."""
+
+    host: str = "127.0.0.1"
+    port: int = 9713
+    data_dir: Path = Path("cproxy-data")
+    #: How often group progress is persisted; bounds duplicates after a crash.
+    commit_interval_ms: int = 1000
+    #: How long a produced message id is remembered for dedup (default 24 h).
+    dedup_window_ms: int = 86_400_000
+    #: SQLite ``synchronous``: "normal" survives a process crash, "full" also power loss.
+    sqlite_synchronous: Literal["normal", "full"] = "normal"
+    log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+    tokens: tuple[Token, ...] = ()
+    #: Topics declared in the config file: name -> queues.
+    topics: Mapping[str, int] = field(default_factory=dict)
+    #: Groups declared in the config file: name -> validated config.
+    groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tokens)
+
+
+def _check_int(name: str, value: Any, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+    return value
+
+
+def _limits(raw: Mapping[str, Any]) -> Limits:
+    defaults = Limits()
+    values: dict[str, int] = {}
+    for key, value in raw.items():
+        if not hasattr(defaults, key):
+            raise ConfigError(f"unknown setting limits.{key}")
+        values[key] = _check_int(f"limits.{key}", value, 1, 1 << 40)
+    limits = replace(defaults, **values)
+    if limits.max_message_bytes > limits.max_request_bytes:
+        raise ConfigError("limits.max_message_bytes cannot exceed limits.max_request_bytes")
+    return limits
+
+
+def _tokens(raw: Any) -> tuple[Token, ...]:
+    if not isinstance(raw, list):
+        raise ConfigError("tokens must be an array of tables ([[tokens]])")
+    tokens: list[Token] = []
+    for i, item in enumerate(raw):
+        where = f"tokens[{i}]"
+        if not isinstance(item, Mapping):
+            raise ConfigError(f"{where} must be a table")
+        unknown = set(item) - {"token", "role", "topics", "groups", "name"}
+        if unknown:
+            raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
+        secret = item.get("token")
+        if not isinstance(secret, str) or len(secret) < 8:
+            raise ConfigError(f"{where}.token must be a string of at least 8 characters")
+        role = item.get("role")
+        if role not in ("admin", "producer", "consumer"):
+            raise ConfigError(f"{where}.role must be 'admin', 'producer' or 'consumer'")
+        scopes: dict[str, frozenset[str] | None] = {}
+        for scope in ("topics", "groups"):
+            names = item.get(scope)
+            if names is not None and (
+                not isinstance(names, list) or not all(isinstance(n, str) for n in names)
+            ):
+                raise ConfigError(f"{where}.{scope} must be a list of names")
+            scopes[scope] = frozenset(names) if names is not None else None
+        tokens.append(Token(secret, role, scopes["topics"], scopes["groups"],
+                            str(item.get("name", f"token{i}"))))
+    if len({t.token for t in tokens}) != len(tokens):
+        raise ConfigError("tokens must be unique")
+    return tuple(tokens)
+
+
+def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "host":
+            if not isinstance(value, str) or not value:
+                raise ConfigError("server.host must be a non-empty string")
+            out[key] = value
+        elif key == "port":
+            out[key] = _check_int("server.port", value, 0, 65535)
+        elif key == "data_dir":
+            if not isinstance(value, str) or not value:
+                raise ConfigError("server.data_dir must be a path string")
+            out[key] = Path(value)
+        elif key == "commit_interval_ms":
+            out[key] = _check_int("server.commit_interval_ms", value, 10, 600_000)
+        elif key == "dedup_window_ms":
+            out[key] = _check_int("server.dedup_window_ms", value, 0, 30 * 86_400_000)
+        elif key == "sqlite_synchronous":
+            if value not in ("normal", "full"):
+                raise ConfigError("server.sqlite_synchronous must be 'normal' or 'full'")
+            out[key] = value
+        elif key == "log_level":
+            if value not in ("debug", "info", "warning", "error"):
+                raise ConfigError("server.log_level must be debug, info, warning or error")
+            out[key] = value
+        else:
+            raise ConfigError(f"unknown setting server.{key}")
+    return out
+
+
+def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
+    """Validate a parsed TOML document."""
+    unknown = set(raw) - {"server", "limits", "tokens", "topics", "groups"}
+    if unknown:
+        raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
+    topics: dict[str, int] = {}
+    for name, spec in dict(raw.get("topics", {})).items():
+        if not TOPIC_NAME.match(name):
+            raise ConfigError(f"topic name {name!r} must match {TOPIC_NAME.pattern}")
+        if not isinstance(spec, Mapping) or set(spec) != {"queues"}:
+            raise ConfigError(f"topics.{name} must be a table with exactly 'queues'")
+        topics[name] = _check_int(f"topics.{name}.queues", spec["queues"], 1, MAX_QUEUES)
+    groups: dict[str, GroupConfig] = {}
+    for name, spec in dict(raw.get("groups", {})).items():
+        if not GROUP_NAME.match(name):
+            raise ConfigError(f"group name {name!r} must match {GROUP_NAME.pattern}")
+        if not isinstance(spec, Mapping):
+            raise ConfigError(f"groups.{name} must be a table")
+        try:
+            groups[name] = GroupConfig.from_dict(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"groups.{name}: {exc.message}") from exc
+    return Settings(
+        **_server(dict(raw.get("server", {}))),
+        limits=_limits(dict(raw.get("limits", {}))),
+        tokens=_tokens(raw.get("tokens", [])),
+        topics=topics,
+        groups=groups,
+    )
+
+
+def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
+    """Read ``path`` (if given) and apply non-None ``overrides`` (host, port, data_dir...)."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+    settings = settings_from_mapping(raw)
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if "data_dir" in given:
+        given["data_dir"] = Path(given["data_dir"])
+    if "port" in given:
+        _check_int("--port", given["port"], 0, 65535)
+    return replace(settings, **given)

@@ -1,0 +1,117 @@
+"""A consumer group's settings: validated once, immutable afterwards."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from cproxy.engine.orderkey import OrderBy
+from cproxy.errors import ConfigError, InvalidOrderBy
+
+MAX_BACKOFF_MS: Final = 86_400_000
+MAX_ACK_TIMEOUT_MS: Final = 43_200_000
+
+Start = Literal["earliest", "latest"]
+OnExhausted = Literal["dead_letter", "block"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupConfig:
+    """Settings of one consumer group (DESIGN §4, ``PUT /v1/groups/{group}``).
+
+    Defaults: 5 attempts, backoff 1 s / 5 s / 30 s (the last repeating), 30 s ack timeout,
+    start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered.
+    """
+
+    topics: Mapping[str, OrderBy]
+    max_attempts: int = 5
+    retry_backoff_ms: tuple[int, ...] = (1000, 5000, 30000)
+    ack_timeout_ms: int = 30_000
+    start: Start = "earliest"
+    on_exhausted: OnExhausted = "dead_letter"
+    max_buffered: int = 10_000
+
+    def backoff_ms(self, attempt: int) -> int:
+        """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
+        backoff = self.retry_backoff_ms
+        return backoff[min(attempt, len(backoff)) - 1]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "topics": {name: {"order_by": ob.spec} for name, ob in self.topics.items()},
+            "max_attempts": self.max_attempts,
+            "retry_backoff_ms": list(self.retry_backoff_ms),
+            "ack_timeout_ms": self.ack_timeout_ms,
+            "start": self.start,
+            "on_exhausted": self.on_exhausted,
+            "max_buffered": self.max_buffered,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GroupConfig:
+        """Validate a JSON-shaped config; missing fields take their defaults."""
+        unknown = set(data) - _KNOWN
+        if unknown:
+            raise ConfigError(f"unknown group setting(s): {', '.join(sorted(unknown))}")
+        topics = data.get("topics")
+        if not isinstance(topics, Mapping) or not topics:
+            raise ConfigError("'topics' must be a non-empty object of topic -> {order_by}")
+        parsed: dict[str, OrderBy] = {}
+        for name, sub in topics.items():
+            if not isinstance(sub, Mapping):
+                raise ConfigError(f"topics.{name} must be an object like {{'order_by': 'key'}}")
+            extra = set(sub) - {"order_by"}
+            if extra:
+                raise ConfigError(f"topics.{name}: unknown setting(s) {', '.join(sorted(extra))}")
+            spec = sub.get("order_by", "key")
+            if not isinstance(spec, str):
+                raise ConfigError(f"topics.{name}.order_by must be a string")
+            try:
+                parsed[str(name)] = OrderBy.parse(spec)
+            except InvalidOrderBy as exc:
+                raise InvalidOrderBy(f"topics.{name}.order_by: {exc.message}") from exc
+        defaults = cls(topics={})
+        backoff = data.get("retry_backoff_ms", list(defaults.retry_backoff_ms))
+        if (
+            not isinstance(backoff, list | tuple)
+            or not backoff
+            or len(backoff) > 100
+            or not all(_is_int(v) and 0 <= v <= MAX_BACKOFF_MS for v in backoff)
+        ):
+            raise ConfigError(
+                f"retry_backoff_ms must be a list of 1..100 integers in 0..{MAX_BACKOFF_MS}"
+            )
+        start = data.get("start", defaults.start)
+        if start not in ("earliest", "latest"):
+            raise ConfigError("start must be 'earliest' or 'latest'")
+        on_exhausted = data.get("on_exhausted", defaults.on_exhausted)
+        if on_exhausted not in ("dead_letter", "block"):
+            raise ConfigError("on_exhausted must be 'dead_letter' or 'block'")
+        return cls(
+            topics=parsed,
+            max_attempts=_int(data, "max_attempts", defaults.max_attempts, 1, 1000),
+            retry_backoff_ms=tuple(backoff),
+            ack_timeout_ms=_int(data, "ack_timeout_ms", defaults.ack_timeout_ms, 10,
+                                MAX_ACK_TIMEOUT_MS),
+            start=start,
+            on_exhausted=on_exhausted,
+            max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
+        )
+
+
+_KNOWN: Final = frozenset(
+    {"topics", "max_attempts", "retry_backoff_ms", "ack_timeout_ms", "start", "on_exhausted",
+     "max_buffered"}
+)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(data: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    value = data.get(name, default)
+    if not _is_int(value) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in {low}..{high}, got {value!r}")
+    return int(value)

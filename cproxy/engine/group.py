@@ -1,0 +1,410 @@
+"""One consumer group: fetch -> sequence -> ready -> in flight -> ack / fail / timeout.
+
+``GroupEngine`` is a pure state machine: it performs no I/O and reads no clock. A driver
+(``cproxy.broker.runner``) feeds it what it read from the store (``plan_fetches`` /
+``on_fetched``), the current time (``now_ms`` arguments) and the consumers' results, and
+persists what it hands back (``take_commit``). Everything runs on one event loop, so nothing
+here locks.
+
+Delivery semantics, per DESIGN §3: a message is handed out only when it is the head of its
+chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while the
+chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or, with
+``on_exhausted = "block"``, holds its chain until an operator skips or releases it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from cproxy.engine.config import GroupConfig
+from cproxy.engine.partition import FetchRequest, Partition
+from cproxy.engine.sequencer import Chain, Entry, ReadyQueue, Sequencer, State
+from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
+
+#: Largest read the engine asks for at once, in messages.
+FETCH_BATCH = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Acks and fails for messages of one queue; a fail may carry the handler's error."""
+
+    topic: str
+    qid: int
+    acks: Sequence[int] = ()
+    fails: Sequence[tuple[int, str | None]] = ()
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic per-topic counters, exported as Prometheus counters."""
+
+    delivered: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(slots=True)
+class CommitBatch:
+    """What the driver must persist in one transaction (``Store.commit``)."""
+
+    progress: dict[QueueRef, QueueProgress] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    redrive_done: list[MessageRef] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.progress or self.dead_letters or self.redrive_done)
+
+
+class GroupEngine:
+    """The delivery state of one consumer group over its subscribed queues."""
+
+    def __init__(
+        self,
+        name: str,
+        config: GroupConfig,
+        progress: Mapping[QueueRef, QueueProgress],
+        end_offsets: Mapping[QueueRef, int],
+        on_ack_latency_s: Callable[[float], None] | None = None,
+    ) -> None:
+        """``progress`` and ``end_offsets`` must name every queue of every subscribed topic."""
+        self.name = name
+        self.config = config
+        self.partitions: dict[QueueRef, Partition] = {
+            ref: Partition(ref[0], ref[1], p, end_offsets.get(ref, 0))
+            for ref, p in progress.items()
+        }
+        self.sequencer = Sequencer()
+        self.ready: dict[str, ReadyQueue] = {topic: ReadyQueue() for topic in config.topics}
+        self.counters: dict[str, Counters] = {topic: Counters() for topic in config.topics}
+        self.in_flight: dict[MessageRef, Entry] = {}
+        self.exhausted: dict[MessageRef, Entry] = {}
+        #: Entries held in memory in any state: what ``max_buffered`` bounds.
+        self.buffered = 0
+        self.retrying = 0
+        self._extract = {t: ob.extract for t, ob in config.topics.items()}
+        self._timeouts: list[tuple[int, int, Entry]] = []
+        self._retries: list[tuple[int, int, Entry]] = []
+        self._seq = itertools.count()
+        self._reloads: list[Chain] = []
+        self._topic_cursor = 0
+        self._fetch_cursor = 0
+        self.pending = CommitBatch()
+        self._on_ack_latency_s = on_ack_latency_s
+
+    # -- reading -------------------------------------------------------------------------------
+    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
+        """The store's next offset for a queue grew (a produce landed)."""
+        part = self.partitions.get((topic, qid))
+        if part is not None and end_offset > part.end_offset:
+            part.end_offset = end_offset
+
+    def order_value(self, message: Message) -> str | None:
+        return self._extract[message.topic](message)
+
+    def plan_fetches(self) -> list[FetchRequest]:
+        """Reads to make now: reloads of parked chains first, then new messages.
+
+        Empty when the buffer is full or every queue is caught up. Parks stuck chains first
+        when they fill the buffer, so healthy keys keep flowing.
+        """
+        self._park_if_stuck()
+        space = self.config.max_buffered - self.buffered
+        requests: list[FetchRequest] = []
+        while self._reloads and space > 0:
+            chain = self._reloads.pop()
+            for qid, start in sorted(chain.parked.items()):
+                part = self.partitions[(chain.topic, qid)]
+                count = min(space, FETCH_BATCH)
+                chain.reloading += 1
+                requests.append(
+                    FetchRequest(chain.topic, qid, start, count, part.epoch, chain.value,
+                                 upto=part.fetch_offset)
+                )
+                space -= count
+            chain.parked.clear()
+        parts = [p for p in self.partitions.values() if p.fetch_offset < p.end_offset]
+        if not parts or space <= 0:
+            return requests
+        share = max(1, min(FETCH_BATCH, space // len(parts)))
+        self._fetch_cursor = (self._fetch_cursor + 1) % len(parts)
+        for part in parts[self._fetch_cursor :] + parts[: self._fetch_cursor]:
+            count = min(share, space, part.end_offset - part.fetch_offset)
+            if count <= 0:
+                break
+            requests.append(FetchRequest(part.topic, part.qid, part.fetch_offset, count,
+                                         part.epoch))
+            space -= count
+        return requests
+
+    def on_fetched(
+        self, request: FetchRequest, messages: Sequence[Message], scanned_to: int | None = None
+    ) -> None:
+        """Hand back the result of ``request``.
+
+        For a plain fetch, ``messages`` are consecutive from ``request.from_offset``. For a
+        reload, they are the chain's messages found, and ``scanned_to`` is where the scan
+        stopped (exclusive).
+        """
+        part = self.partitions.get((request.topic, request.qid))
+        if request.is_reload:
+            self._on_reloaded(request, part, messages, request.upto if scanned_to is None
+                              else scanned_to)
+            return
+        if part is None or part.epoch != request.epoch or part.fetch_offset != request.from_offset:
+            return  # planned before a seek: stale
+        if not messages:
+            # The store has nothing there (yet): trust it over our notion of the end.
+            part.end_offset = part.fetch_offset
+            return
+        tracker = part.tracker
+        for message in messages:
+            if tracker.is_finished(message.offset):
+                continue  # finished before a restart
+            self._admit(Entry(message, None))
+        part.fetch_offset = messages[-1].offset + 1
+        part.end_offset = max(part.end_offset, part.fetch_offset)
+
+    def _admit(self, entry: Entry) -> None:
+        message = entry.message
+        value = self.order_value(message)
+        parked = self.sequencer.parked_chain(message.topic, value)
+        if parked is not None:
+            current = parked.parked.get(message.qid)
+            if current is None or message.offset < current:
+                parked.parked[message.qid] = message.offset
+            return
+        self.buffered += 1
+        if self.sequencer.admit(entry, value):
+            self.ready[message.topic].push(entry, reactivated=False)
+
+    def _on_reloaded(
+        self,
+        request: FetchRequest,
+        part: Partition | None,
+        messages: Sequence[Message],
+        scanned_to: int,
+    ) -> None:
+        assert request.chain_value is not None
+        chain = self.sequencer.chains.get((request.topic, request.chain_value))
+        if chain is None:
+            return
+        chain.reloading -= 1
+        if part is None or part.epoch != request.epoch:
+            self._after_reload(chain)
+            return  # a seek dropped this queue's parked state meanwhile
+        for message in messages:
+            if message.offset >= request.upto or part.tracker.is_finished(message.offset):
+                continue
+            entry = Entry(message, chain)
+            self.buffered += 1
+            if chain.head is None:
+                chain.head = entry
+                self.ready[chain.topic].push(entry, reactivated=True)
+            else:
+                chain.waiting.append(entry)
+                self.sequencer.waiting += 1
+        if scanned_to < request.upto:
+            current = chain.parked.get(request.qid)
+            chain.parked[request.qid] = scanned_to if current is None else min(current,
+                                                                                scanned_to)
+        self._after_reload(chain)
+
+    def _after_reload(self, chain: Chain) -> None:
+        if chain.head is None and chain.parked and chain.reloading == 0:
+            self._reloads.append(chain)  # found nothing yet: keep scanning
+        self.sequencer.forget_if_idle(chain)
+
+    def _park_if_stuck(self) -> None:
+        limit = self.config.max_buffered
+        seq = self.sequencer
+        if self.buffered < limit or seq.waiting == 0:
+            return
+        if self.ready_count > 0 and seq.waiting * 2 < limit:
+            return  # consumers have work; this is plain backpressure
+        target = limit * 3 // 4
+        for chain in seq.most_waiting():
+            self.buffered -= len(seq.park(chain))
+            if self.buffered <= target:
+                break
+
+    # -- delivering ----------------------------------------------------------------------------
+    @property
+    def ready_count(self) -> int:
+        return sum(rq.size for rq in self.ready.values())
+
+    def has_ready(self, topics: Collection[str] | None = None) -> bool:
+        if topics is None:
+            return any(rq.size for rq in self.ready.values())
+        return any(self.ready[t].size for t in topics if t in self.ready)
+
+    def pull(self, max_messages: int, topics: Collection[str] | None, now_ms: int) -> list[Entry]:
+        """Hand out up to ``max_messages`` ready heads; they are in flight until acked."""
+        self.tick(now_ms)
+        names = list(self.ready) if topics is None else [t for t in topics if t in self.ready]
+        if not names:
+            return []
+        self._topic_cursor = (self._topic_cursor + 1) % len(names)
+        out: list[Entry] = []
+        deadline = now_ms + self.config.ack_timeout_ms
+        for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
+            queue = self.ready[topic]
+            counters = self.counters[topic]
+            while len(out) < max_messages and (entry := queue.pop()) is not None:
+                entry.attempt += 1
+                entry.state = State.IN_FLIGHT
+                entry.deadline_ms = deadline
+                if entry.attempt == 1:
+                    entry.blocked_since_ms = now_ms
+                heapq.heappush(self._timeouts, (deadline, next(self._seq), entry))
+                self.in_flight[entry.message.ref] = entry
+                counters.delivered += 1
+                out.append(entry)
+            if len(out) >= max_messages:
+                break
+        return out
+
+    def apply_results(
+        self, results: Iterable[Result], now_ms: int
+    ) -> tuple[int, list[MessageRef]]:
+        """Apply acks and fails; returns ``(applied, unknown refs)``."""
+        applied = 0
+        unknown: list[MessageRef] = []
+        in_flight = self.in_flight
+        for result in results:
+            for offset in result.acks:
+                ref = (result.topic, result.qid, offset)
+                entry = in_flight.pop(ref, None)
+                if entry is None:
+                    unknown.append(ref)
+                    continue
+                applied += 1
+                self.counters[result.topic].acked += 1
+                if self._on_ack_latency_s is not None:
+                    self._on_ack_latency_s((now_ms - entry.message.produced_at_ms) / 1000)
+                self._finish(entry)
+            for offset, error in result.fails:
+                ref = (result.topic, result.qid, offset)
+                entry = in_flight.pop(ref, None)
+                if entry is None:
+                    unknown.append(ref)
+                    continue
+                applied += 1
+                self.counters[result.topic].failed += 1
+                self._attempt_failed(entry, error or "failed by consumer", now_ms)
+        return applied, unknown
+
+    def extend(
+        self, refs: Iterable[MessageRef], ack_timeout_ms: int, now_ms: int
+    ) -> tuple[int, list[MessageRef]]:
+        """Push the ack deadline of in-flight messages to ``now + ack_timeout_ms``."""
+        applied = 0
+        unknown: list[MessageRef] = []
+        for ref in refs:
+            entry = self.in_flight.get(ref)
+            if entry is None:
+                unknown.append(ref)
+                continue
+            entry.deadline_ms = now_ms + ack_timeout_ms
+            heapq.heappush(self._timeouts, (entry.deadline_ms, next(self._seq), entry))
+            applied += 1
+        return applied, unknown
+
+    def tick(self, now_ms: int) -> None:
+        """Expire ack deadlines and make due retries ready."""
+        timeouts = self._timeouts
+        while timeouts and timeouts[0][0] <= now_ms:
+            deadline, _, entry = heapq.heappop(timeouts)
+            if entry.state is State.IN_FLIGHT and entry.deadline_ms == deadline:
+                del self.in_flight[entry.message.ref]
+                self.counters[entry.message.topic].timed_out += 1
+                self._attempt_failed(entry, "ack timeout", now_ms)
+        retries = self._retries
+        while retries and retries[0][0] <= now_ms:
+            due, _, entry = heapq.heappop(retries)
+            if entry.state is State.RETRYING and entry.due_ms == due:
+                self.retrying -= 1
+                self.ready[entry.message.topic].push(entry, reactivated=True)
+
+    def next_deadline_ms(self) -> int | None:
+        """When ``tick`` next has work, or None."""
+        times = [heap[0][0] for heap in (self._timeouts, self._retries) if heap]
+        return min(times) if times else None
+
+    # -- finishing -----------------------------------------------------------------------------
+    def _attempt_failed(self, entry: Entry, error: str, now_ms: int) -> None:
+        entry.last_error = error
+        if entry.attempt >= self.config.max_attempts:
+            if self.config.on_exhausted == "dead_letter":
+                self.dead_letter(entry, now_ms)
+            else:
+                entry.state = State.EXHAUSTED
+                self.exhausted[entry.message.ref] = entry
+            return
+        self._schedule_retry(entry, now_ms + self.config.backoff_ms(entry.attempt))
+
+    def _schedule_retry(self, entry: Entry, due_ms: int) -> None:
+        entry.state = State.RETRYING
+        entry.due_ms = due_ms
+        self.retrying += 1
+        self.counters[entry.message.topic].retried += 1
+        heapq.heappush(self._retries, (due_ms, next(self._seq), entry))
+
+    def dead_letter(self, entry: Entry, now_ms: int) -> None:
+        """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
+        self.pending.dead_letters.append(
+            DeadLetter(self.name, entry.message, entry.attempt, entry.last_error, now_ms)
+        )
+        self.counters[entry.message.topic].dead_lettered += 1
+        self._finish(entry)
+
+    def _finish(self, entry: Entry) -> None:
+        """The entry is acked or dead-lettered: record it and move its chain on."""
+        entry.state = State.DONE
+        self.buffered -= 1
+        message = entry.message
+        if entry.redriven:
+            self.pending.redrive_done.append(message.ref)
+        else:
+            self.partitions[(message.topic, message.qid)].tracker.finish(message.offset)
+        chain = entry.chain
+        if chain is None:
+            return
+        nxt = self.sequencer.advance(chain)
+        if nxt is not None:
+            self.ready[chain.topic].push(nxt, reactivated=True)
+        elif chain.parked and chain.reloading == 0:
+            self._reloads.append(chain)
+
+    def request_reload(self, chain: Chain) -> None:
+        self._reloads.append(chain)
+
+    def retrying_entries(self) -> list[Entry]:
+        return [e for due, _, e in self._retries if e.state is State.RETRYING and e.due_ms == due]
+
+    # -- persistence ---------------------------------------------------------------------------
+    def take_commit(self) -> CommitBatch:
+        """Progress of queues changed since the last call, plus pending dead letters."""
+        batch, self.pending = self.pending, CommitBatch()
+        for ref, part in self.partitions.items():
+            if part.tracker.dirty:
+                batch.progress[ref] = part.progress()
+                part.tracker.dirty = False
+        return batch
+
+    def requeue(self, batch: CommitBatch) -> None:
+        """A commit failed: keep its contents for the next one."""
+        for ref in batch.progress:
+            if ref in self.partitions:
+                self.partitions[ref].tracker.dirty = True
+        self.pending.dead_letters[:0] = batch.dead_letters
+        self.pending.redrive_done[:0] = batch.redrive_done
+
+    def progress(self) -> dict[QueueRef, QueueProgress]:
+        return {ref: part.progress() for ref, part in self.partitions.items()}
