@@ -49,17 +49,32 @@ def serve(settings: Settings) -> None:
     configure_logging(settings.log_level)
     if not settings.auth_enabled:
         if _is_loopback(settings.host):
-            logger.warning("no tokens configured: auth is off; serving on loopback %s only",
-                           settings.host)
+            logger.warning(
+                "no tokens configured: auth is off; serving on loopback %s only", settings.host
+            )
         else:
-            logger.warning("no tokens configured: auth is OFF and %s is reachable from the "
-                           "network; declare [[tokens]] in the config file", settings.host)
-    logger.info("serving on http://%s:%d with data in %s", settings.host, settings.port,
-                settings.data_dir.resolve())
+            logger.warning(
+                "no tokens configured: auth is OFF and %s is reachable from the "
+                "network; declare [[tokens]] in the config file",
+                settings.host,
+            )
+    logger.info(
+        "serving on http://%s:%d with data in %s",
+        settings.host,
+        settings.port,
+        settings.data_dir.resolve(),
+    )
     app = create_app(settings)
     config = uvicorn.Config(
-        app, host=settings.host, port=settings.port, log_config=None, access_log=False,
-        loop="auto", http="auto", lifespan="on", timeout_graceful_shutdown=5,
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        loop="auto",
+        http="auto",
+        lifespan="on",
+        timeout_graceful_shutdown=5,
     )
     server = uvicorn.Server(config)
     broker = app.state.broker
@@ -86,8 +101,9 @@ def _call(args: argparse.Namespace, method: str, path: str, body: Any = None) ->
     data = response.json()
     if response.status_code >= 400:
         error = data.get("error", {})
-        raise SystemExit(f"error {response.status_code} {error.get('code')}: "
-                         f"{error.get('message')}")
+        raise SystemExit(
+            f"error {response.status_code} {error.get('code')}: {error.get('message')}"
+        )
     return data
 
 
@@ -112,9 +128,11 @@ def _tail(args: argparse.Namespace) -> None:
                 acks.setdefault((message["topic"], message["qid"]), []).append(message["offset"])
                 printed += 1
             sys.stdout.flush()
-            results = [] if args.no_ack else [
-                {"topic": t, "qid": q, "acks": offsets} for (t, q), offsets in acks.items()
-            ]
+            results = (
+                []
+                if args.no_ack
+                else [{"topic": t, "qid": q, "acks": offsets} for (t, q), offsets in acks.items()]
+            )
         if results:
             client.post(f"/v1/groups/{args.group}/ack", json={"results": results})
 
@@ -128,14 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", type=Path)
     s.add_argument("--config", type=Path, help="TOML file (topics, groups, tokens, limits)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
-    for name, helptext in (("topics", "list or create topics"), ("groups", "list or show groups"),
-                           ("produce", "produce one message"), ("tail", "pull and print")):
+    for name, helptext in (
+        ("topics", "list or create topics"),
+        ("groups", "list or show groups"),
+        ("produce", "produce one message"),
+        ("tail", "pull and print"),
+    ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("--url", default="http://127.0.0.1:9713")
         p.add_argument("--token")
         if name == "topics":
-            p.add_argument("action", choices=["list", "create", "show"], nargs="?",
-                           default="list")
+            p.add_argument("action", choices=["list", "create", "show"], nargs="?", default="list")
             p.add_argument("name", nargs="?")
             p.add_argument("--queues", type=int, default=1)
         elif name == "groups":
@@ -156,13 +177,19 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     try:
         if args.command == "serve":
-            settings = load_settings(args.config, host=args.host, port=args.port,
-                                     data_dir=args.data_dir, log_level=args.log_level)
+            settings = load_settings(
+                args.config,
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                log_level=args.log_level,
+            )
             serve(settings)
         elif args.command == "topics":
             if args.action == "create":
-                _print(_call(args, "POST", "/v1/topics",
-                             {"name": args.name, "queues": args.queues}))
+                _print(
+                    _call(args, "POST", "/v1/topics", {"name": args.name, "queues": args.queues})
+                )
             elif args.action == "show":
                 _print(_call(args, "GET", f"/v1/topics/{args.name}"))
             else:
@@ -175,8 +202,9 @@ def main(argv: list[str] | None = None) -> None:
             except json.JSONDecodeError as exc:
                 raise SystemExit(f"body is not valid JSON: {exc}") from exc
             message = {"key": args.key, "body": body, "id": args.id}
-            _print(_call(args, "POST", f"/v1/topics/{args.topic}/messages",
-                         {"messages": [message]}))
+            _print(
+                _call(args, "POST", f"/v1/topics/{args.topic}/messages", {"messages": [message]})
+            )
         elif args.command == "tail":
             _tail(args)
     except ConfigError as exc:

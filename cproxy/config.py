@@ -139,8 +139,11 @@ def _tokens(raw: Any) -> tuple[Token, ...]:
             ):
                 raise ConfigError(f"{where}.{scope} must be a list of names")
             scopes[scope] = frozenset(names) if names is not None else None
-        tokens.append(Token(secret, role, scopes["topics"], scopes["groups"],
-                            str(item.get("name", f"token{i}"))))
+        tokens.append(
+            Token(
+                secret, role, scopes["topics"], scopes["groups"], str(item.get("name", f"token{i}"))
+            )
+        )
     if len({t.token for t in tokens}) != len(tokens):
         raise ConfigError("tokens must be unique")
     return tuple(tokens)

@@ -26,8 +26,24 @@ from cproxy.engine import operations
 if TYPE_CHECKING:
     from cproxy.broker.broker import Broker
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
-                    60, 300)
+_LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    300,
+)
 
 _COUNTERS = ("delivered", "acked", "failed", "timed_out", "retried", "dead_lettered")
 
@@ -44,15 +60,20 @@ class _EngineCollector(Collector):
         }
         gauges = {
             name: GaugeMetricFamily(f"cproxy_{name}_messages", f"Messages {text}", labels=labels)
-            for name, text in (("ready", "ready to hand out"), ("in_flight", "in flight"),
-                               ("lag", "not yet finished (next offset - committed)"))
+            for name, text in (
+                ("ready", "ready to hand out"),
+                ("in_flight", "in flight"),
+                ("lag", "not yet finished (next offset - committed)"),
+            )
         }
         group_gauges = {
             name: GaugeMetricFamily(f"cproxy_{name}", text, labels=["group"])
-            for name, text in (("waiting_messages", "Messages waiting behind their chain head"),
-                               ("blocked_keys", "Order values whose head is not acked"),
-                               ("buffered_messages", "Messages held in memory"),
-                               ("retrying_messages", "Messages waiting for a retry"))
+            for name, text in (
+                ("waiting_messages", "Messages waiting behind their chain head"),
+                ("blocked_keys", "Order values whose head is not acked"),
+                ("buffered_messages", "Messages held in memory"),
+                ("retrying_messages", "Messages waiting for a retry"),
+            )
         }
         for name, runner in list(self._broker.groups.items()):
             engine = runner.engine
@@ -83,14 +104,26 @@ class Metrics:
         # The *_created series double the output and no dashboard uses them.
         disable_created_metrics()
         self.registry = CollectorRegistry(auto_describe=True)
-        self.produced = Counter("cproxy_produced_messages", "Messages stored by produce calls",
-                                ["topic"], registry=self.registry)
-        self.pull_seconds = Histogram("cproxy_pull_duration_seconds",
-                                      "Time to answer a pull, long-poll wait included",
-                                      ["group"], buckets=_LATENCY_BUCKETS, registry=self.registry)
-        self.ack_seconds = Histogram("cproxy_produce_to_ack_seconds",
-                                     "From produce to ack of a message", ["group"],
-                                     buckets=_LATENCY_BUCKETS, registry=self.registry)
+        self.produced = Counter(
+            "cproxy_produced_messages",
+            "Messages stored by produce calls",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.pull_seconds = Histogram(
+            "cproxy_pull_duration_seconds",
+            "Time to answer a pull, long-poll wait included",
+            ["group"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.ack_seconds = Histogram(
+            "cproxy_produce_to_ack_seconds",
+            "From produce to ack of a message",
+            ["group"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def attach(self, broker: Broker) -> None:
         self.registry.register(_EngineCollector(broker))

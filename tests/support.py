@@ -19,8 +19,12 @@ from cproxy.config import Settings
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.01,
-               message: str = "condition") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.01,
+    message: str = "condition",
+) -> T:
     """Poll ``predicate`` until it returns a truthy value; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -44,14 +48,17 @@ class RunningServer:
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
-        config = uvicorn.Config(self.app, log_config=None, access_log=False,
-                                lifespan="on", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self.app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run,
-                                        kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
         self._thread.start()
-        wait_until(lambda: self._server.started or not self._thread.is_alive(), 20,
-                   message="server start")
+        wait_until(
+            lambda: self._server.started or not self._thread.is_alive(), 20, message="server start"
+        )
         if not self._server.started:
             raise RuntimeError("server failed to start")
 

@@ -29,8 +29,12 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
 
         store = SqliteStore(settings.data_dir, synchronous=settings.sqlite_synchronous)
     metrics = Metrics()
-    broker = Broker(store, settings, ack_latency_for=metrics.ack_latency_observer,
-                    on_produced=metrics.on_produced)
+    broker = Broker(
+        store,
+        settings,
+        ack_latency_for=metrics.ack_latency_observer,
+        on_produced=metrics.on_produced,
+    )
     metrics.attach(broker)
 
     @asynccontextmanager

@@ -53,8 +53,9 @@ async def _cproxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, errors.CproxyError)
     status = status_for(exc)
     if status >= 500:
-        logger.warning("%s %s -> %d %s: %s", request.method, request.url.path, status,
-                       exc.code, exc.message)
+        logger.warning(
+            "%s %s -> %d %s: %s", request.method, request.url.path, status, exc.code, exc.message
+        )
     return error_response(status, exc.code, exc.message)
 
 

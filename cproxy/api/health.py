@@ -25,5 +25,6 @@ async def readyz(request: Request) -> Response:
 
 @router.get("/metrics", summary="Prometheus metrics")
 async def metrics(request: Request) -> Response:
-    return Response(request.app.state.metrics.render(),
-                    media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(
+        request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )

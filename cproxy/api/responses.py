@@ -12,8 +12,7 @@ from cproxy.model import MessageRef
 
 
 def json_response(payload: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status_code,
-                    media_type="application/json")
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
 
 
 def error_response(status_code: int, code: str, message: str) -> Response:

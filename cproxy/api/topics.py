@@ -30,7 +30,9 @@ BrokerDep = Annotated[Broker, Depends(_broker)]
 
 @router.post("", summary="Create a topic (idempotent)", status_code=201)
 async def create_topic(
-    body: CreateTopic, request: Request, broker: BrokerDep,
+    body: CreateTopic,
+    request: Request,
+    broker: BrokerDep,
     token: Annotated[Token | None, Depends(require("create_topic"))],
 ) -> Response:
     request.app.state.authorizer.check(token, "create_topic", [body.name])
@@ -45,19 +47,20 @@ async def list_topics(broker: BrokerDep) -> Response:
     )
 
 
-@router.get("/{topic}", summary="Describe a topic",
-            dependencies=[Depends(require("read_topics"))])
+@router.get("/{topic}", summary="Describe a topic", dependencies=[Depends(require("read_topics"))])
 async def get_topic(topic: str, broker: BrokerDep) -> Response:
     info = broker.topic(topic)
     stats = await broker.queue_stats(topic)
-    return json_response({
-        "name": info.name,
-        "queues": info.queues,
-        "queue_stats": [
-            {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
-            for s in stats
-        ],
-    })
+    return json_response(
+        {
+            "name": info.name,
+            "queues": info.queues,
+            "queue_stats": [
+                {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
+                for s in stats
+            ],
+        }
+    )
 
 
 def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
@@ -79,13 +82,14 @@ def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
     return items
 
 
-@router.post("/{topic}/messages", summary="Produce messages (atomic per call)",
-             dependencies=[Depends(require("produce"))])
+@router.post(
+    "/{topic}/messages",
+    summary="Produce messages (atomic per call)",
+    dependencies=[Depends(require("produce"))],
+)
 async def produce(topic: str, body: Produce, request: Request, broker: BrokerDep) -> Response:
     items = _encode(body, request.app.state.settings.limits)
     results = await broker.produce(topic, items, time.time_ns() // 1_000_000)
-    return json_response({
-        "results": [
-            {"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results
-        ]
-    })
+    return json_response(
+        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
+    )

@@ -106,7 +106,11 @@ class Broker:
     async def _open_runner(self, name: str, config: GroupConfig) -> GroupRunner:
         assert self._task_group is not None, "broker not started"
         return await GroupRunner.open(
-            self.store, name, config, self._task_group, self.settings.commit_interval_ms,
+            self.store,
+            name,
+            config,
+            self._task_group,
+            self.settings.commit_interval_ms,
             self._ack_latency_for(name) if self._ack_latency_for else None,
         )
 
@@ -136,8 +140,9 @@ class Broker:
         return await self.store.queue_stats(name)
 
     # -- produce -------------------------------------------------------------------------------
-    async def produce(self, topic: str, items: Sequence[ProduceItem], now_ms: int
-                      ) -> list[AppendResult]:
+    async def produce(
+        self, topic: str, items: Sequence[ProduceItem], now_ms: int
+    ) -> list[AppendResult]:
         """Store ``items`` atomically and wake the groups that read ``topic``."""
         self._check_open()
         queues = self.topic(topic).queues
@@ -209,9 +214,7 @@ class Broker:
     def describe_group(self, name: str) -> dict[str, Any]:
         runner = self.group(name)
         stats = operations.stats(runner.engine)
-        stats["dead_lettered"] = runner.dead_letter_count + len(
-            runner.engine.pending.dead_letters
-        )
+        stats["dead_lettered"] = runner.dead_letter_count + len(runner.engine.pending.dead_letters)
         return {"name": name, "config": runner.engine.config.to_dict(), "stats": stats}
 
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:

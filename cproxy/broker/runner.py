@@ -96,8 +96,9 @@ class GroupRunner:
         operations.redrive(engine, await store.load_redriving(name))
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
-        logger.info("group %s started: %d queues, %d buffered", name, len(progress),
-                    engine.buffered)
+        logger.info(
+            "group %s started: %d queues, %d buffered", name, len(progress), engine.buffered
+        )
         return runner
 
     async def _run(self) -> None:
@@ -155,7 +156,9 @@ class GroupRunner:
         offset = request.from_offset
         while offset < request.upto and len(found) < request.max_count:
             batch = await self.store.read(
-                request.topic, request.qid, offset,
+                request.topic,
+                request.qid,
+                offset,
                 min(RELOAD_SCAN_BATCH, request.upto - offset),
             )
             if not batch:
@@ -195,17 +198,24 @@ class GroupRunner:
         if not batch:
             return
         try:
-            await self.store.commit(self.name, batch.progress, batch.dead_letters,
-                                    batch.redrive_done)
+            await self.store.commit(
+                self.name, batch.progress, batch.dead_letters, batch.redrive_done
+            )
         except StoreError as exc:
             logger.warning("group %s: commit failed, will retry: %s", self.name, exc)
             self.engine.requeue(batch)
             return
         self.dead_letter_count += len(batch.dead_letters)
         for dead in batch.dead_letters:
-            logger.info("group %s: dead-lettered %s/%d@%d after %d attempts: %s", self.name,
-                        dead.message.topic, dead.message.qid, dead.message.offset,
-                        dead.attempts, dead.last_error)
+            logger.info(
+                "group %s: dead-lettered %s/%d@%d after %d attempts: %s",
+                self.name,
+                dead.message.topic,
+                dead.message.qid,
+                dead.message.offset,
+                dead.attempts,
+                dead.last_error,
+            )
 
     # -- signals -------------------------------------------------------------------------------
     def _notify_ready(self) -> None:
@@ -254,8 +264,9 @@ class GroupRunner:
             self._timer_kick.set()
         return PullResult(entries, applied, unknown)
 
-    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int
-               ) -> tuple[int, list[MessageRef]]:
+    def extend(
+        self, refs: Iterable[MessageRef], ack_timeout_ms: int
+    ) -> tuple[int, list[MessageRef]]:
         return self.engine.extend(refs, ack_timeout_ms, now_ms())
 
     # -- operator calls ------------------------------------------------------------------------
@@ -282,8 +293,7 @@ class GroupRunner:
             self._notify_ready()
         return done
 
-    def release(self, topic: str, order_value: str | None, ref: MessageRef | None
-                ) -> MessageRef:
+    def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
         done = operations.release(self.engine, topic, order_value, ref)
         self._notify_ready()
         return done

@@ -92,8 +92,9 @@ class GroupConfig:
             topics=parsed,
             max_attempts=_int(data, "max_attempts", defaults.max_attempts, 1, 1000),
             retry_backoff_ms=tuple(backoff),
-            ack_timeout_ms=_int(data, "ack_timeout_ms", defaults.ack_timeout_ms, 10,
-                                MAX_ACK_TIMEOUT_MS),
+            ack_timeout_ms=_int(
+                data, "ack_timeout_ms", defaults.ack_timeout_ms, 10, MAX_ACK_TIMEOUT_MS
+            ),
             start=start,
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
@@ -101,8 +102,15 @@ class GroupConfig:
 
 
 _KNOWN: Final = frozenset(
-    {"topics", "max_attempts", "retry_backoff_ms", "ack_timeout_ms", "start", "on_exhausted",
-     "max_buffered"}
+    {
+        "topics",
+        "max_attempts",
+        "retry_backoff_ms",
+        "ack_timeout_ms",
+        "start",
+        "on_exhausted",
+        "max_buffered",
+    }
 )
 
 

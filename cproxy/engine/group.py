@@ -124,8 +124,15 @@ class GroupEngine:
                 count = min(space, FETCH_BATCH)
                 chain.reloading += 1
                 requests.append(
-                    FetchRequest(chain.topic, qid, start, count, part.epoch, chain.value,
-                                 upto=part.fetch_offset)
+                    FetchRequest(
+                        chain.topic,
+                        qid,
+                        start,
+                        count,
+                        part.epoch,
+                        chain.value,
+                        upto=part.fetch_offset,
+                    )
                 )
                 space -= count
             chain.parked.clear()
@@ -138,8 +145,9 @@ class GroupEngine:
             count = min(share, space, part.end_offset - part.fetch_offset)
             if count <= 0:
                 break
-            requests.append(FetchRequest(part.topic, part.qid, part.fetch_offset, count,
-                                         part.epoch))
+            requests.append(
+                FetchRequest(part.topic, part.qid, part.fetch_offset, count, part.epoch)
+            )
             space -= count
         return requests
 
@@ -154,8 +162,9 @@ class GroupEngine:
         """
         part = self.partitions.get((request.topic, request.qid))
         if request.is_reload:
-            self._on_reloaded(request, part, messages, request.upto if scanned_to is None
-                              else scanned_to)
+            self._on_reloaded(
+                request, part, messages, request.upto if scanned_to is None else scanned_to
+            )
             return
         if part is None or part.epoch != request.epoch or part.fetch_offset != request.from_offset:
             return  # planned before a seek: stale
@@ -212,8 +221,7 @@ class GroupEngine:
                 self.sequencer.waiting += 1
         if scanned_to < request.upto:
             current = chain.parked.get(request.qid)
-            chain.parked[request.qid] = scanned_to if current is None else min(current,
-                                                                                scanned_to)
+            chain.parked[request.qid] = scanned_to if current is None else min(current, scanned_to)
         self._after_reload(chain)
 
     def _after_reload(self, chain: Chain) -> None:
@@ -270,9 +278,7 @@ class GroupEngine:
                 break
         return out
 
-    def apply_results(
-        self, results: Iterable[Result], now_ms: int
-    ) -> tuple[int, list[MessageRef]]:
+    def apply_results(self, results: Iterable[Result], now_ms: int) -> tuple[int, list[MessageRef]]:
         """Apply acks and fails; returns ``(applied, unknown refs)``."""
         applied = 0
         unknown: list[MessageRef] = []

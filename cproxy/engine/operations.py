@@ -88,8 +88,9 @@ def redrive(engine: GroupEngine, dead_letters: Sequence[DeadLetter]) -> int:
         if part is None:
             # No longer subscribed: keep it a plain dead letter.
             engine.pending.dead_letters.append(
-                DeadLetter(dead.group, message, dead.attempts, dead.last_error,
-                           dead.dead_lettered_at_ms)
+                DeadLetter(
+                    dead.group, message, dead.attempts, dead.last_error, dead.dead_lettered_at_ms
+                )
             )
             continue
         if not part.tracker.is_finished(message.offset):
@@ -151,8 +152,18 @@ def blocked_keys(
 
 def _row(head: Entry, value: str | None, waiting: int, parked: bool) -> BlockedKey:
     m = head.message
-    return BlockedKey(m.topic, value, m.qid, m.offset, _STATE_NAMES[head.state], head.attempt,
-                      head.last_error, head.blocked_since_ms, waiting, parked)
+    return BlockedKey(
+        m.topic,
+        value,
+        m.qid,
+        m.offset,
+        _STATE_NAMES[head.state],
+        head.attempt,
+        head.last_error,
+        head.blocked_since_ms,
+        waiting,
+        parked,
+    )
 
 
 def _find_blocked(
@@ -167,8 +178,14 @@ def _find_blocked(
             (e for e in engine.retrying_entries() if e.message.ref == ref), None
         )
         if entry is None:
-            entry = next((c.head for c in engine.sequencer.chains.values()
-                          if c.head is not None and c.head.message.ref == ref), None)
+            entry = next(
+                (
+                    c.head
+                    for c in engine.sequencer.chains.values()
+                    if c.head is not None and c.head.message.ref == ref
+                ),
+                None,
+            )
     if entry is None or entry.state is State.DONE:
         raise BlockedKeyNotFound(f"no blocked head for topic {topic!r} matches the request")
     if entry.state not in (State.EXHAUSTED, State.RETRYING):
@@ -186,8 +203,9 @@ def _unblock(engine: GroupEngine, entry: Entry) -> None:
         engine.retrying -= 1
 
 
-def skip(engine: GroupEngine, topic: str, order_value: str | None, ref: MessageRef | None,
-         now_ms: int) -> MessageRef:
+def skip(
+    engine: GroupEngine, topic: str, order_value: str | None, ref: MessageRef | None, now_ms: int
+) -> MessageRef:
     """Dead-letter a retrying or exhausted head so its chain moves on."""
     entry = _find_blocked(engine, topic, order_value, ref)
     _unblock(engine, entry)
@@ -196,8 +214,9 @@ def skip(engine: GroupEngine, topic: str, order_value: str | None, ref: MessageR
     return entry.message.ref
 
 
-def release(engine: GroupEngine, topic: str, order_value: str | None, ref: MessageRef | None
-            ) -> MessageRef:
+def release(
+    engine: GroupEngine, topic: str, order_value: str | None, ref: MessageRef | None
+) -> MessageRef:
     """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
     entry = _find_blocked(engine, topic, order_value, ref)
     _unblock(engine, entry)
@@ -209,13 +228,19 @@ def release(engine: GroupEngine, topic: str, order_value: str | None, ref: Messa
 def stats(engine: GroupEngine) -> dict[str, Any]:
     """Counts and per-queue offsets (``dead_lettered`` is added by the broker)."""
     seq = engine.sequencer
-    blocked = sum(1 for c in seq.chains.values()
-                  if c.head is not None and c.head.state is not State.READY)
+    blocked = sum(
+        1 for c in seq.chains.values() if c.head is not None and c.head.state is not State.READY
+    )
     blocked += sum(1 for e in engine.exhausted.values() if e.chain is None)
     return {
         "queues": [
-            {"topic": p.topic, "qid": p.qid, "committed_offset": p.tracker.base,
-             "next_offset": p.end_offset, "lag": p.lag}
+            {
+                "topic": p.topic,
+                "qid": p.qid,
+                "committed_offset": p.tracker.base,
+                "next_offset": p.end_offset,
+                "lag": p.lag,
+            }
             for p in engine.partitions.values()
         ],
         "ready": engine.ready_count,
