@@ -102,7 +102,7 @@ class Metrics:
 
     def __init__(self) -> None:
         # The *_created series double the output and no dashboard uses them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
         self.produced = Counter(
             "cproxy_produced_messages",
