@@ -1,0 +1,189 @@
+"""Broker + runners over the in-memory store: no sockets, real event loop."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from cproxy.broker.broker import Broker, ProduceItem
+from cproxy.config import Settings
+from cproxy.engine.config import GroupConfig
+from cproxy.engine.group import Result
+from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
+from cproxy.store.memory import MemoryStore
+
+SETTINGS = replace(Settings(), commit_interval_ms=50)
+
+
+@asynccontextmanager
+async def running(store: MemoryStore, settings: Settings = SETTINGS) -> AsyncIterator[Broker]:
+    broker = Broker(store, settings)
+    async with anyio.create_task_group() as tg:
+        await broker.start(tg)
+        try:
+            yield broker
+        finally:
+            await broker.stop()
+            tg.cancel_scope.cancel()
+
+
+def now() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def items(*keys: str | None) -> list[ProduceItem]:
+    return [ProduceItem(orjson.dumps({"i": i}), key) for i, key in enumerate(keys)]
+
+
+def config(**kw: Any) -> GroupConfig:
+    kw.setdefault("topics", {"t": {"order_by": "key"}})
+    return GroupConfig.from_dict(kw)
+
+
+def ack_all(entries: list[Any]) -> list[Result]:
+    return [Result(e.message.topic, e.message.qid, acks=[e.message.offset]) for e in entries]
+
+
+async def test_long_poll_wakes_when_a_produce_lands() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 2)
+        await broker.put_group("g", config())
+        got: list[Any] = []
+
+        async def poll() -> None:
+            result = await broker.group("g").pull(10, 5000, None, [])
+            got.extend(result.entries)
+
+        started = time.monotonic()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await anyio.sleep(0.05)
+            await broker.produce("t", items("a"), now())
+        assert len(got) == 1
+        assert time.monotonic() - started < 2
+
+
+async def test_progress_survives_restart_without_replaying_acked() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config())
+        await broker.produce("t", items("a", "b", "c", "d"), now())
+        runner = broker.group("g")
+        first = (await runner.pull(10, 1000, None, [])).entries
+        assert len(first) == 4
+        runner.apply([r for r in ack_all(first) if r.acks[0] in (1, 3)])
+    async with running(store) as broker:
+        again = (await broker.group("g").pull(10, 1000, None, [])).entries
+        assert sorted(e.message.offset for e in again) == [0, 2]
+
+
+async def test_commit_happens_every_interval_without_a_stop() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config())
+        await broker.produce("t", items("a", "b"), now())
+        runner = broker.group("g")
+        got = (await runner.pull(10, 1000, None, [])).entries
+        runner.apply(ack_all(got))
+        with anyio.fail_after(5):
+            while (await store.load_progress("g"))[("t", 0)].committed != 2:
+                await anyio.sleep(0.01)
+
+
+async def test_start_latest_skips_existing_messages() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.produce("t", items("old"), now())
+        await broker.put_group("g", config(start="latest"))
+        await broker.produce("t", items("new"), now())
+        got = (await broker.group("g").pull(10, 1000, None, [])).entries
+        assert [e.message.key for e in got] == ["new"]
+
+
+async def test_redrive_resumes_after_restart_until_acked() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config(max_attempts=1))
+        await broker.produce("t", items("a", "a"), now())
+        runner = broker.group("g")
+        for _ in range(2):
+            got = (await runner.pull(10, 1000, None, [])).entries
+            runner.apply([Result("t", 0, fails=[(e.message.offset, "x")]) for e in got])
+        await runner.commit()
+        assert await store.count_dead_letters("g") == 2
+        assert await runner.redrive(None) == 2
+        got = (await runner.pull(10, 1000, None, [])).entries
+        assert [e.message.offset for e in got] == [0]
+    async with running(store) as broker:  # restarted before the redrive finished
+        runner = broker.group("g")
+        seen = []
+        for _ in range(2):
+            got = (await runner.pull(10, 1000, None, [])).entries
+            seen += [e.message.offset for e in got]
+            runner.apply(ack_all(got))
+        assert seen == [0, 1]
+        await runner.commit()
+        assert await store.load_redriving("g") == []
+        assert await store.count_dead_letters("g") == 0
+
+
+async def test_shutdown_releases_long_polls_and_refuses_work() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config())
+        runner = broker.group("g")
+        done = anyio.Event()
+
+        async def poll() -> None:
+            await runner.pull(10, 20_000, None, [])
+            done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await anyio.sleep(0.05)
+            broker.begin_shutdown()
+            with anyio.fail_after(2):
+                await done.wait()
+        with pytest.raises(ShuttingDown):
+            await broker.produce("t", items("a"), now())
+
+
+async def test_group_update_keeps_progress_and_validation_errors() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.create_topic("u", 1)
+        await broker.put_group("g", config())
+        await broker.produce("t", items("a", "b"), now())
+        runner = broker.group("g")
+        got = (await runner.pull(1, 1000, None, [])).entries
+        runner.apply(ack_all(got))
+        _, created = await broker.put_group(
+            "g", config(topics={"t": {"order_by": "key"}, "u": {"order_by": "none"}})
+        )
+        assert not created
+        left = (await broker.group("g").pull(10, 1000, None, [])).entries
+        assert [e.message.offset for e in left] == [1]
+        with pytest.raises(TopicNotFound):
+            await broker.put_group("h", config(topics={"nope": {}}))
+        with pytest.raises(GroupNotFound):
+            broker.group("h")
+        with pytest.raises(InvalidRequest):
+            await broker.produce("t", [ProduceItem(b"1", qid=5)], now())
+        await broker.delete_group("g")
+        with pytest.raises(GroupNotFound):
+            broker.group("g")
+        assert await store.load_progress("g") == {}
