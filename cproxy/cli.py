@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 
 from cproxy.config import Settings, load_settings
-from cproxy.errors import ConfigError
+from cproxy.errors import CproxyError
 
 logger = logging.getLogger("cproxy")
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         elif args.command == "tail":
             _tail(args)
-    except ConfigError as exc:
+    except CproxyError as exc:
         raise SystemExit(f"cproxy: {exc.message}") from exc
     except httpx.HTTPError as exc:
         raise SystemExit(f"cproxy: cannot reach {args.url}: {exc}") from exc

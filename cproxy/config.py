@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from cproxy.engine.config import GroupConfig
-from cproxy.errors import ConfigError
+from cproxy.errors import ConfigError, InvalidRequest
 
 TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 GROUP_NAME: Final = TOPIC_NAME
@@ -199,7 +199,7 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
             raise ConfigError(f"groups.{name} must be a table")
         try:
             groups[name] = GroupConfig.from_dict(spec)
-        except ConfigError as exc:
+        except InvalidRequest as exc:
             raise ConfigError(f"groups.{name}: {exc.message}") from exc
     return Settings(
         **_server(dict(raw.get("server", {}))),
