@@ -66,7 +66,7 @@ class Token:
     role: Role
     topics: frozenset[str] | None = None
     groups: frozenset[str] | None = None
-    name: str = ""
+    name: str = "unnamed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +141,11 @@ def _tokens(raw: Any) -> tuple[Token, ...]:
             scopes[scope] = frozenset(names) if names is not None else None
         tokens.append(
             Token(
-                secret, role, scopes["topics"], scopes["groups"], str(item.get("name", f"token{i}"))
+                secret,
+                role,
+                scopes["topics"],
+                scopes["groups"],
+                str(item.get("name") or f"tokens[{i}]"),
             )
         )
     if len({t.token for t in tokens}) != len(tokens):

@@ -10,9 +10,10 @@ use a group        yes    no        scoped
 delete a group     yes    no        no
 =================  =====  ========  ========
 
-"Use a group" is everything under ``/v1/groups/{group}`` but DELETE: create/update it (its
-topics must be in the token's topic scope), pull, ack, extend, seek, dead letters and
-blocked keys. A scope of ``None`` means any name. With no tokens configured, auth is off.
+"Use a group" is everything under ``/v1/groups/{group}`` but DELETE: create/update it, pull,
+ack, extend, seek, dead letters and blocked keys; every topic the group reads must be in the
+token's topic scope (a group hands out all of them). A scope of ``None`` means any name.
+With no tokens configured, auth is off.
 """
 
 from __future__ import annotations
@@ -82,10 +83,16 @@ def require(action: Action) -> Callable[[Request], Awaitable[Token | None]]:
 
     async def dependency(request: Request) -> Token | None:
         authorizer: Authorizer = request.app.state.authorizer
-        token = authorizer.identify(request.headers.get("authorization"))
+        token: Token | None = request.state.token  # set by CproxyRoute before parsing
         params = request.path_params
-        topic = params.get("topic")
-        authorizer.check(token, action, [topic] if topic else (), params.get("group"))
+        topics: list[str] = [params["topic"]] if "topic" in params else []
+        group = params.get("group")
+        if group is not None and action == "use_group":
+            # A group hands out every topic it reads: the token must cover all of them.
+            runner = request.app.state.broker.groups.get(group)
+            if runner is not None:
+                topics += list(runner.engine.config.topics)
+        authorizer.check(token, action, topics, group)
         return token
 
     return dependency

@@ -18,9 +18,10 @@ from cproxy.errors import InvalidRequest
 
 from .auth import require
 from .responses import json_response, message_json, refs_json
+from .routing import CproxyRoute
 from .schemas import Ack, BlockedKeyAction, Extend, Pull, QueueResults, Redrive, Seek
 
-router = APIRouter(prefix="/v1/groups", tags=["groups"])
+router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
 
 
@@ -46,8 +47,7 @@ def _results(items: list[QueueResults]) -> list[Result]:
 
 @router.get("", summary="List groups (extension)")
 async def list_groups(request: Request, broker: BrokerDep) -> Response:
-    authorizer = request.app.state.authorizer
-    token = authorizer.identify(request.headers.get("authorization"))
+    token = request.state.token
     names = sorted(broker.groups)
     if token is not None and token.role != "admin":
         names = [n for n in names if token.groups is None or n in token.groups]

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
-NonNegative = Annotated[StrictInt, Field(ge=0)]
+#: Offsets and qids: JSON integers the store can hold (signed 64-bit).
+NonNegative = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
 
 
 class _Strict(BaseModel):

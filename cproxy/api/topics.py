@@ -11,13 +11,14 @@ from starlette.responses import Response
 
 from cproxy.broker.broker import Broker, ProduceItem
 from cproxy.config import Limits, Token
-from cproxy.errors import TooLarge
+from cproxy.errors import InvalidRequest, TooLarge
 
 from .auth import require
 from .responses import json_response
+from .routing import CproxyRoute
 from .schemas import CreateTopic, Produce
 
-router = APIRouter(prefix="/v1/topics", tags=["topics"])
+router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=CproxyRoute)
 
 
 def _broker(request: Request) -> Broker:
@@ -40,11 +41,16 @@ async def create_topic(
     return json_response({"name": info.name, "queues": info.queues}, 201 if created else 200)
 
 
-@router.get("", summary="List topics", dependencies=[Depends(require("read_topics"))])
-async def list_topics(broker: BrokerDep) -> Response:
-    return json_response(
-        {"topics": [{"name": t.name, "queues": t.queues} for t in broker.list_topics()]}
-    )
+@router.get("", summary="List topics (those in the token's scope)")
+async def list_topics(
+    broker: BrokerDep, token: Annotated[Token | None, Depends(require("read_topics"))]
+) -> Response:
+    visible = [
+        t
+        for t in broker.list_topics()
+        if token is None or token.topics is None or token.role == "admin" or t.name in token.topics
+    ]
+    return json_response({"topics": [{"name": t.name, "queues": t.queues} for t in visible]})
 
 
 @router.get("/{topic}", summary="Describe a topic", dependencies=[Depends(require("read_topics"))])
@@ -71,9 +77,13 @@ def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
         )
     items = []
     for i, m in enumerate(body.messages):
-        body_json = orjson.dumps(m.body)
+        try:
+            body_json = orjson.dumps(m.body)
+        except orjson.JSONEncodeError as exc:
+            raise InvalidRequest(f"messages[{i}].body cannot be stored as JSON: {exc}") from exc
         headers_json = orjson.dumps(m.headers) if m.headers else None
-        size = len(body_json) + len(headers_json or b"") + len(m.key or "") + len(m.id or "")
+        size = len(body_json) + len(headers_json or b"")
+        size += len((m.key or "").encode()) + len((m.id or "").encode())
         if size > limits.max_message_bytes:
             raise TooLarge(
                 f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"

@@ -220,6 +220,7 @@ class Broker:
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
         """Move a group's position on one queue (or all queues) of ``topic``."""
         runner = self.group(name)
+        self.topic(topic)
         if topic not in runner.engine.config.topics:
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         stats = {s.qid: s for s in await self.store.queue_stats(topic)}

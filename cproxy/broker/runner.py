@@ -130,7 +130,7 @@ class GroupRunner:
     async def _fetcher(self) -> None:
         while True:
             self._fetch_kick = anyio.Event()
-            requests = self.engine.plan_fetches()
+            requests = self.engine.plan_fetches(now_ms())
             if not requests:
                 await self._fetch_kick.wait()
                 continue

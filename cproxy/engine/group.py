@@ -26,6 +26,18 @@ from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRe
 
 #: Largest read the engine asks for at once, in messages.
 FETCH_BATCH = 1000
+#: A head in flight this long (ms) counts as stuck when the buffer is full.
+PARK_AFTER_MS = 1000
+#: How often (ms) a full buffer is checked for stuck chains to park.
+PARK_CHECK_INTERVAL_MS = 100
+
+
+def _is_stuck(head: Entry, now_ms: int) -> bool:
+    if head.state in (State.RETRYING, State.EXHAUSTED):
+        return True
+    return head.state is State.IN_FLIGHT and (
+        head.attempt > 1 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +107,7 @@ class GroupEngine:
         self._reloads: list[Chain] = []
         self._topic_cursor = 0
         self._fetch_cursor = 0
+        self._next_park_check_ms = 0
         self.pending = CommitBatch()
         self._on_ack_latency_s = on_ack_latency_s
 
@@ -108,13 +121,13 @@ class GroupEngine:
     def order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
 
-    def plan_fetches(self) -> list[FetchRequest]:
+    def plan_fetches(self, now_ms: int) -> list[FetchRequest]:
         """Reads to make now: reloads of parked chains first, then new messages.
 
         Empty when the buffer is full or every queue is caught up. Parks stuck chains first
         when they fill the buffer, so healthy keys keep flowing.
         """
-        self._park_if_stuck()
+        self._park_if_stuck(now_ms)
         space = self.config.max_buffered - self.buffered
         requests: list[FetchRequest] = []
         while self._reloads and space > 0:
@@ -229,15 +242,25 @@ class GroupEngine:
             self._reloads.append(chain)  # found nothing yet: keep scanning
         self.sequencer.forget_if_idle(chain)
 
-    def _park_if_stuck(self) -> None:
+    def _park_if_stuck(self, now_ms: int) -> None:
+        """Release waiting messages of stuck chains when they fill the buffer.
+
+        Only chains whose head looks stuck are parked: retrying, exhausted, delivered more
+        than once, or in flight for ``PARK_AFTER_MS``. A deep backlog of healthy keys is
+        plain backpressure: their heads are acked soon and parking them would only cost
+        store rescans.
+        """
         limit = self.config.max_buffered
         seq = self.sequencer
-        if self.buffered < limit or seq.waiting == 0:
+        if self.buffered < limit or seq.waiting == 0 or now_ms < self._next_park_check_ms:
             return
-        if self.ready_count > 0 and seq.waiting * 2 < limit:
-            return  # consumers have work; this is plain backpressure
+        # Sorting chains is O(n log n): with a full buffer, do it at most every 100 ms.
+        self._next_park_check_ms = now_ms + PARK_CHECK_INTERVAL_MS
         target = limit * 3 // 4
         for chain in seq.most_waiting():
+            head = chain.head
+            if head is None or not _is_stuck(head, now_ms):
+                continue
             self.buffered -= len(seq.park(chain))
             if self.buffered <= target:
                 break

@@ -10,11 +10,17 @@ Rules every implementation keeps:
 - ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
 - Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
   stored again; its result is the original qid/offset with ``duplicate=True``. Two messages with
-  one id in a single call: the second is a duplicate of the first.
+  one id in a single call: the second is a duplicate of the first. An entry counts while
+  ``now_ms - produced_at_ms < dedup_window_ms``; a window of 0 disables dedup.
 - ``produced_at_ms`` is non-decreasing per queue (the store clamps to the previous value), so
   ``offset_for_time`` can binary-search.
-- ``commit`` writes progress, new dead letters and finished redrives in one transaction.
-- Foreign errors are translated to ``cproxy.errors.StoreError`` at this boundary.
+- ``commit`` writes progress, new dead letters and finished redrives in one transaction;
+  ``redrive_done`` is applied before ``dead_letters``, so a redriven message that is
+  dead-lettered again stays dead-lettered.
+- Unknown topics raise ``TopicNotFound`` (a ``topic`` filter on dead letters just matches
+  nothing); a qid outside the topic raises ``InvalidRequest``.
+- Foreign errors are translated to ``cproxy.errors.StoreError`` at this boundary; so is any
+  call on a store that is not open.
 """
 
 from __future__ import annotations
@@ -68,9 +74,7 @@ class Store(Protocol):
     ) -> list[AppendResult]:
         """Append atomically; results are in input order. Raises ``TopicNotFound``."""
 
-    async def read(
-        self, topic: str, qid: int, from_offset: int, max_count: int
-    ) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
         """Messages with ``offset >= from_offset`` in offset order, at most ``max_count``."""
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
@@ -102,6 +106,9 @@ class Store(Protocol):
         self, group: str, topic: str | None, limit: int
     ) -> list[DeadLetter]:
         """Dead letters in (topic, qid, offset) order, redriving ones excluded."""
+
+    async def count_dead_letters(self, group: str) -> int:
+        """How many dead letters the group has, redriving ones excluded."""
 
     async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
         """Mark dead letters as redriving and return them in (topic, qid, offset) order."""

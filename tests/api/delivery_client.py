@@ -7,6 +7,7 @@ had already been sent (the server applies results before choosing messages).
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from collections import defaultdict
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 
 Ref = tuple[str, int, int]
@@ -81,7 +83,7 @@ async def consume(
                     slot["acks"].append(m["offset"])
                     sent.append((ref, True))
             results = [{"topic": t, "qid": q, **r} for (t, q), r in grouped.items()]
-            await anyio.sleep(0)
+            await anyio.lowlevel.checkpoint()
 
 
 def order_violations(log: Log) -> list[str]:
@@ -93,7 +95,7 @@ def order_violations(log: Log) -> list[str]:
     problems = []
     for (topic, qid, value), offs in chains.items():
         offs.sort()
-        for prev, nxt in zip(offs, offs[1:], strict=False):
+        for prev, nxt in itertools.pairwise(offs):
             acked = log.acked_at.get((topic, qid, prev))
             first = min(t for t, _ in log.deliveries[(topic, qid, nxt)])
             if acked is None or first < acked:

@@ -41,7 +41,7 @@ class Harness:
 
     def fetch(self) -> None:
         """Serve every read the engine plans until it plans none."""
-        while requests := self.engine.plan_fetches():
+        while requests := self.engine.plan_fetches(self.now):
             for r in requests:
                 queue = self.log[(r.topic, r.qid)]
                 if r.is_reload:

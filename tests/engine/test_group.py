@@ -177,9 +177,10 @@ def test_commit_progress_skips_finished_work_after_restart() -> None:
 
 
 def test_buffer_is_bounded_and_stuck_keys_are_parked() -> None:
-    h = Harness(max_buffered=20)
+    h = Harness(max_buffered=20, ack_timeout_ms=60_000)
     h.produce("stuck")
     stuck = h.pull()
+    h.advance(1000)  # in flight long enough to count as stuck
     for i in range(200):
         h.produce("stuck" if i % 2 == 0 else f"k{i}")
     done: list[int] = []
@@ -201,6 +202,20 @@ def test_buffer_is_bounded_and_stuck_keys_are_parked() -> None:
         h.ack(*got)
     assert order == list(range(1, 201, 2))  # reloaded from the store, in offset order
     assert h.engine.partitions[("t", 0)].tracker.base == 201
+
+
+def test_a_deep_healthy_backlog_is_not_parked() -> None:
+    h = Harness(max_buffered=20)
+    for i in range(100):
+        h.produce(f"k{i % 4}")
+    got = h.pull()
+    assert len(got) == 4 and h.engine.buffered == 20
+    h.fetch()
+    assert h.engine.sequencer.waiting == 16  # heads just delivered: nothing parked
+    h.advance(1000)  # now the heads count as stuck: park until the buffer is 3/4 full
+    h.engine.plan_fetches(h.now)
+    assert h.engine.buffered <= 15
+    assert sum(c.is_parked for c in h.engine.sequencer.chains.values()) == 2
 
 
 def test_seek_drops_memory_and_replays() -> None:

@@ -1,0 +1,28 @@
+"""Rules shared by every store implementation, kept in one place so they cannot drift apart."""
+
+from __future__ import annotations
+
+from cproxy.errors import InvalidRequest, TopicNotFound
+
+
+def dedup_live(stored_at_ms: int, now_ms: int, window_ms: int) -> bool:
+    """Whether a dedup entry stored at ``stored_at_ms`` still counts at ``now_ms``.
+
+    A window of 0 or less disables dedup, even between two messages of one call.
+    """
+    return window_ms > 0 and now_ms - stored_at_ms < window_ms
+
+
+def topic_not_found(topic: str) -> TopicNotFound:
+    return TopicNotFound(f"topic {topic!r} does not exist")
+
+
+def check_qid(topic: str, qid: int, queues: int) -> None:
+    """Raise ``InvalidRequest`` unless ``qid`` is a queue of the topic."""
+    if not 0 <= qid < queues:
+        raise InvalidRequest(f"qid {qid} is outside topic {topic!r} (queues 0..{queues - 1})")
+
+
+def check_queues(queues: int) -> None:
+    if queues < 1:
+        raise InvalidRequest(f"a topic needs at least one queue, got {queues}")

@@ -1,0 +1,312 @@
+"""The SQLite store's plumbing: schema, connections, the data-dir lock, threads, transactions.
+
+Kept apart from ``sqlite.py`` so that module reads as store logic only.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from anyio import CapacityLimiter, to_thread
+
+from cproxy.errors import StoreError
+from cproxy.model import DeadLetter, Message
+
+if sys.platform != "win32":
+    import fcntl
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SCHEMA_VERSION = 1
+
+# 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
+# so 4 KiB pages would push every 1 KB message into an extra page.
+PAGE_SIZE = 16384
+CACHE_KIB = 32 * 1024
+MMAP_BYTES = 256 * 1024 * 1024
+# Truncate the WAL back to this size after a checkpoint so one burst does not keep it huge.
+WAL_SIZE_LIMIT = 64 * 1024 * 1024
+
+SYNCHRONOUS = ("off", "normal", "full", "extra")
+
+_TABLES = (
+    "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID",
+    """CREATE TABLE topics (
+        tid INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        queues INTEGER NOT NULL)""",
+    # Keyed (tid, qid, off) without rowid: a read is one range scan of the clustered b-tree.
+    """CREATE TABLE messages (
+        tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
+        produced_at_ms INTEGER NOT NULL,
+        key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL,
+        PRIMARY KEY (tid, qid, off)) WITHOUT ROWID""",
+    """CREATE TABLE dedup (
+        tid INTEGER NOT NULL, id TEXT NOT NULL,
+        qid INTEGER NOT NULL, off INTEGER NOT NULL, produced_at_ms INTEGER NOT NULL,
+        PRIMARY KEY (tid, id)) WITHOUT ROWID""",
+    "CREATE INDEX dedup_by_time ON dedup (produced_at_ms)",
+    "CREATE TABLE groups (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID",
+    """CREATE TABLE progress (
+        grp TEXT NOT NULL, tid INTEGER NOT NULL, qid INTEGER NOT NULL,
+        committed INTEGER NOT NULL, finished TEXT NOT NULL,
+        PRIMARY KEY (grp, tid, qid)) WITHOUT ROWID""",
+    """CREATE TABLE dead_letters (
+        grp TEXT NOT NULL, tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
+        key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL, produced_at_ms INTEGER NOT NULL,
+        attempts INTEGER NOT NULL, last_error TEXT, dead_lettered_at_ms INTEGER NOT NULL,
+        redriving INTEGER NOT NULL,
+        PRIMARY KEY (grp, tid, qid, off)) WITHOUT ROWID""",
+)
+
+
+DEAD_LETTER_SELECT = """
+    SELECT t.name, d.qid, d.off, d.key, d.body, d.headers, d.id, d.produced_at_ms,
+           d.attempts, d.last_error, d.dead_lettered_at_ms, d.redriving
+    FROM dead_letters d JOIN topics t ON t.tid = d.tid
+    WHERE d.grp = ? AND d.redriving = ? AND (? IS NULL OR d.tid = ?)
+    ORDER BY t.name, d.qid, d.off"""
+
+
+def dead_letter(group: str, row: Sequence[Any]) -> DeadLetter:
+    """A ``DeadLetter`` from a ``DEAD_LETTER_SELECT`` row."""
+    message = Message(*row[:8])
+    return DeadLetter(group, message, row[8], row[9], row[10], bool(row[11]))
+
+
+def dead_letter_row(group: str, tid: int, dl: DeadLetter) -> tuple[Any, ...]:
+    """Parameters for ``INSERT INTO dead_letters``, in table column order."""
+    m = dl.message
+    return (
+        group, tid, m.qid, m.offset, m.key, m.id, m.headers_json, m.body_json, m.produced_at_ms,
+        dl.attempts, dl.last_error, dl.dead_lettered_at_ms, int(dl.redriving),
+    )  # fmt: skip
+
+
+def connect(
+    path: Path, *, synchronous: str, busy_timeout_ms: int, reader: bool
+) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit) with our pragmas applied."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        # page_size only takes effect before the first table exists, i.e. on a new file.
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(f"{path}: cannot enable WAL journal mode (got {mode!r})")
+        conn.execute(f"PRAGMA synchronous = {synchronous}")
+        conn.execute(f"PRAGMA cache_size = -{CACHE_KIB}")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute(f"PRAGMA mmap_size = {MMAP_BYTES}")
+        conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
+        if reader:
+            conn.execute("PRAGMA query_only = ON")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
+    """Create the schema in a new file, or check that an existing one is a version we know."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if has_meta is None:
+            for statement in _TABLES:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO meta (k, v) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+            logger.info("created SQLite store schema v%d in %s", SCHEMA_VERSION, path)
+        else:
+            row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+            version = int(row[0]) if row is not None else 0
+            if version > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{path} has schema version {version}, newer than version {SCHEMA_VERSION} "
+                    "that this cproxy understands; upgrade cproxy to open it"
+                )
+            if version < SCHEMA_VERSION:
+                raise StoreError(f"{path} has schema version {version}, which has no migration")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+class DirLock:
+    """An exclusive ``flock`` on ``cproxy.lock`` in the data dir.
+
+    The store caches next offsets on the assumption that it is the only writer, so a second
+    process on the same directory must be refused rather than allowed to corrupt the log.
+    The kernel drops the lock when the process dies, so a SIGKILL never leaves it stale.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self._path = data_dir / "cproxy.lock"
+        self._file: IO[bytes] | None = None
+
+    def acquire(self) -> None:
+        file = open(self._path, "ab")  # noqa: SIM115 - held open for the store's lifetime
+        if sys.platform != "win32":
+            try:
+                fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.close()
+                raise StoreError(f"{self._path.parent} is in use by another cproxy store") from None
+        self._file = file
+
+    def release(self) -> None:
+        if self._file is not None:
+            # Closing the descriptor releases the flock.
+            self._file.close()
+            self._file = None
+
+
+class Database:
+    """One writer and one reader connection, each used by one worker thread at a time.
+
+    ``write`` runs a function in a ``BEGIN IMMEDIATE`` transaction; actions registered with
+    ``on_commit`` during it run only once COMMIT succeeded, which is how the store keeps its
+    in-memory caches consistent with what is durable. sqlite3 and OS errors leave as
+    ``StoreError``.
+    """
+
+    def __init__(self, path: Path, *, synchronous: str, busy_timeout_ms: int) -> None:
+        self.path = path
+        self._connect = functools.partial(
+            connect, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms
+        )
+        self._lock = DirLock(path.parent)
+        self._writer: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._write_limiter: CapacityLimiter | None = None
+        self._read_limiter: CapacityLimiter | None = None
+        self._on_commit: list[Callable[[], None]] = []
+
+    @property
+    def is_open(self) -> bool:
+        return self._writer is not None
+
+    async def open(self, load: Callable[[sqlite3.Connection], None]) -> None:
+        """Open both connections, create or check the schema, then call ``load(writer)``."""
+        # Limiters are made here, inside the event loop that will use them.
+        self._write_limiter = CapacityLimiter(1)
+        self._read_limiter = CapacityLimiter(1)
+        await to_thread.run_sync(
+            _translated, functools.partial(self._open_sync, load), limiter=self._write_limiter
+        )
+
+    def _open_sync(self, load: Callable[[sqlite3.Connection], None]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
+        writer = reader = None
+        try:
+            writer = self._connect(reader=False)
+            ensure_schema(writer, self.path)
+            reader = self._connect(reader=True)
+            load(writer)
+        except BaseException:
+            for conn in (reader, writer):
+                if conn is not None:
+                    conn.close()
+            self._lock.release()
+            raise
+        self._writer, self._reader = writer, reader
+
+    async def close(self) -> None:
+        if self._write_limiter is None or self._read_limiter is None:
+            return
+        # Through the limiters, so calls in progress finish before their connection goes away.
+        # The reader goes first: the last connection to close checkpoints and removes the WAL.
+        try:
+            await to_thread.run_sync(self._close_sync, "_reader", limiter=self._read_limiter)
+            await to_thread.run_sync(self._close_sync, "_writer", limiter=self._write_limiter)
+        finally:
+            self._lock.release()
+
+    def _close_sync(self, attr: str) -> None:
+        conn: sqlite3.Connection | None = getattr(self, attr)
+        setattr(self, attr, None)
+        if conn is not None:
+            _translated(conn.close)
+
+    async def ping(self) -> bool:
+        try:
+            await self.read(lambda conn: conn.execute("SELECT 1").fetchone())
+        except StoreError:
+            return False
+        return True
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the reader connection (each statement sees the latest commit)."""
+        if self._read_limiter is None:
+            raise StoreError("the store is not open")
+        return await to_thread.run_sync(self._read_sync, fn, limiter=self._read_limiter)
+
+    def _read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._reader
+        if conn is None:
+            raise StoreError("the store is closed")
+        return _translated(functools.partial(fn, conn))
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction on the writer connection."""
+        if self._write_limiter is None:
+            raise StoreError("the store is not open")
+        return await to_thread.run_sync(self._write_sync, fn, limiter=self._write_limiter)
+
+    def on_commit(self, action: Callable[[], None]) -> None:
+        """Run ``action`` after the current ``write`` transaction commits (never on rollback)."""
+        self._on_commit.append(action)
+
+    def _write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._writer
+        if conn is None:
+            raise StoreError("the store is closed")
+        self._on_commit.clear()
+        try:
+            result = _translated(functools.partial(_transaction, conn, fn))
+            for action in self._on_commit:
+                action()
+            return result
+        finally:
+            self._on_commit.clear()
+
+
+def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn)
+        conn.execute("COMMIT")
+    except BaseException:
+        # COMMIT itself can fail (disk full, I/O error) and leave the transaction open.
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                logger.exception("rollback of a failed SQLite transaction failed")
+        raise
+    return result
+
+
+def _translated(fn: Callable[[], T]) -> T:
+    """Call ``fn``, turning sqlite3 and OS errors into ``StoreError``: the one translation point."""
+    try:
+        return fn()
+    except (sqlite3.Error, OSError) as exc:
+        logger.warning("SQLite store error: %s", exc)
+        raise StoreError(f"SQLite store failed: {exc}") from exc

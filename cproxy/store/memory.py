@@ -1,0 +1,223 @@
+"""An in-memory ``Store`` for unit tests: same rules as the SQLite store, nothing persisted."""
+
+from __future__ import annotations
+
+import dataclasses
+from bisect import bisect_left
+from collections.abc import Mapping, Sequence
+from operator import attrgetter
+
+from cproxy.errors import StoreError, TopicConflict
+from cproxy.model import (
+    AppendResult,
+    DeadLetter,
+    Message,
+    MessageRef,
+    NewMessage,
+    QueueProgress,
+    QueueRef,
+    QueueStats,
+    TopicInfo,
+)
+from cproxy.store._common import check_qid, check_queues, dedup_live, topic_not_found
+
+__all__ = ["MemoryStore"]
+
+_produced_at = attrgetter("produced_at_ms")
+
+
+@dataclasses.dataclass(slots=True)
+class _Topic:
+    queues: list[list[Message]]
+    #: id -> (qid, offset, produced_at_ms), oldest first, so pruning stops at the first live entry.
+    dedup: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+
+
+class MemoryStore:
+    """Keeps everything in dicts and lists. Usable between ``open()`` and ``close()``."""
+
+    def __init__(self) -> None:
+        self._open = False
+        self._topics: dict[str, _Topic] = {}
+        self._groups: dict[str, bytes] = {}
+        self._progress: dict[str, dict[QueueRef, QueueProgress]] = {}
+        self._dead: dict[str, dict[MessageRef, DeadLetter]] = {}
+        self._max_window_ms = 0
+
+    async def open(self) -> None:
+        self._open = True
+
+    async def close(self) -> None:
+        self._open = False
+
+    async def ping(self) -> bool:
+        return self._open
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise StoreError("the store is closed")
+
+    def _topic(self, name: str) -> _Topic:
+        self._check_open()
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise topic_not_found(name) from None
+
+    # -- topics --------------------------------------------------------------------------------
+    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+        self._check_open()
+        check_queues(queues)
+        existing = self._topics.get(name)
+        if existing is not None:
+            if len(existing.queues) != queues:
+                raise TopicConflict(
+                    f"topic {name!r} exists with {len(existing.queues)} queues, not {queues}"
+                )
+            return TopicInfo(name, queues), False
+        self._topics[name] = _Topic(queues=[[] for _ in range(queues)])
+        return TopicInfo(name, queues), True
+
+    async def list_topics(self) -> list[TopicInfo]:
+        self._check_open()
+        return [TopicInfo(name, len(t.queues)) for name, t in sorted(self._topics.items())]
+
+    async def queue_stats(self, topic: str) -> list[QueueStats]:
+        t = self._topic(topic)
+        return [QueueStats(qid, 0, len(q)) for qid, q in enumerate(t.queues)]
+
+    # -- messages ------------------------------------------------------------------------------
+    async def append(
+        self,
+        topic: str,
+        messages: Sequence[NewMessage],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[AppendResult]:
+        t = self._topic(topic)
+        for m in messages:
+            check_qid(topic, m.qid, len(t.queues))
+        # Build everything aside first and apply only at the end, so a failure stores nothing.
+        pending: dict[int, list[Message]] = {}
+        new_ids: dict[str, tuple[int, int, int]] = {}
+        results: list[AppendResult] = []
+        for m in messages:
+            if m.id is not None:
+                hit = new_ids.get(m.id) or t.dedup.get(m.id)
+                if hit is not None and dedup_live(hit[2], now_ms, dedup_window_ms):
+                    results.append(AppendResult(hit[0], hit[1], duplicate=True))
+                    continue
+            stored = t.queues[m.qid]
+            batch = pending.setdefault(m.qid, [])
+            offset = len(stored) + len(batch)
+            last = batch[-1] if batch else (stored[-1] if stored else None)
+            produced_at = now_ms if last is None else max(now_ms, last.produced_at_ms)
+            batch.append(
+                Message(topic, m.qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at)
+            )
+            if m.id is not None and dedup_window_ms > 0:
+                new_ids[m.id] = (m.qid, offset, produced_at)
+            results.append(AppendResult(m.qid, offset))
+        for qid, batch in pending.items():
+            t.queues[qid].extend(batch)
+        for msg_id, entry in new_ids.items():
+            # Re-insert at the end to keep the dict ordered by age.
+            t.dedup.pop(msg_id, None)
+            t.dedup[msg_id] = entry
+        self._max_window_ms = max(self._max_window_ms, dedup_window_ms)
+        self._prune(t, now_ms)
+        return results
+
+    def _prune(self, t: _Topic, now_ms: int) -> None:
+        expired: list[str] = []
+        for msg_id, (_, _, produced_at) in t.dedup.items():
+            if dedup_live(produced_at, now_ms, self._max_window_ms):
+                break
+            expired.append(msg_id)
+        for msg_id in expired:
+            del t.dedup[msg_id]
+
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+        t = self._topic(topic)
+        check_qid(topic, qid, len(t.queues))
+        if max_count <= 0:
+            return []
+        start = max(from_offset, 0)
+        return t.queues[qid][start : start + max_count]
+
+    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        t = self._topic(topic)
+        check_qid(topic, qid, len(t.queues))
+        return bisect_left(t.queues[qid], timestamp_ms, key=_produced_at)
+
+    # -- groups --------------------------------------------------------------------------------
+    async def save_group(self, name: str, config_json: bytes) -> None:
+        self._check_open()
+        self._groups[name] = bytes(config_json)
+
+    async def load_groups(self) -> dict[str, bytes]:
+        self._check_open()
+        return dict(self._groups)
+
+    async def delete_group(self, name: str) -> None:
+        self._check_open()
+        self._groups.pop(name, None)
+        self._progress.pop(name, None)
+        self._dead.pop(name, None)
+
+    async def load_progress(self, group: str) -> dict[QueueRef, QueueProgress]:
+        self._check_open()
+        return dict(self._progress.get(group, {}))
+
+    async def commit(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        dead_letters: Sequence[DeadLetter] = (),
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> None:
+        self._check_open()
+        # Validate before touching anything: the commit is all or nothing.
+        for topic, _ in progress:
+            self._topic(topic)
+        for dl in dead_letters:
+            self._topic(dl.message.topic)
+        self._progress.setdefault(group, {}).update(progress)
+        dead = self._dead.setdefault(group, {})
+        # Deletes go first so a redriven message that was dead-lettered again stays dead.
+        for ref in redrive_done:
+            dead.pop(ref, None)
+        for dl in dead_letters:
+            dead[dl.message.ref] = dl if dl.group == group else dataclasses.replace(dl, group=group)
+
+    # -- dead letters --------------------------------------------------------------------------
+    def _sorted_dead(self, group: str, topic: str | None, redriving: bool) -> list[DeadLetter]:
+        self._check_open()
+        dead = self._dead.get(group, {})
+        return [
+            dl
+            for ref, dl in sorted(dead.items())
+            if dl.redriving is redriving and (topic is None or ref[0] == topic)
+        ]
+
+    async def list_dead_letters(
+        self, group: str, topic: str | None, limit: int
+    ) -> list[DeadLetter]:
+        return self._sorted_dead(group, topic, redriving=False)[: max(limit, 0)]
+
+    async def count_dead_letters(self, group: str) -> int:
+        self._check_open()
+        return sum(not dl.redriving for dl in self._dead.get(group, {}).values())
+
+    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+        marked = [
+            dataclasses.replace(dl, redriving=True)
+            for dl in self._sorted_dead(group, topic, redriving=False)
+        ]
+        dead = self._dead.get(group, {})
+        for dl in marked:
+            dead[dl.message.ref] = dl
+        return marked
+
+    async def load_redriving(self, group: str) -> list[DeadLetter]:
+        return self._sorted_dead(group, None, redriving=True)

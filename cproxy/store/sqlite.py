@@ -1,0 +1,420 @@
+"""The embedded default store: one SQLite file, ``<data_dir>/cproxy.db``, in WAL mode.
+
+Durability: every write is one transaction, committed before the call returns, so a 200 from
+the produce call means the messages are in the database. With WAL and ``synchronous="normal"``
+(the default) a commit is written to the WAL without fsync: it survives the process being
+killed at any moment (SIGKILL, OOM killer), but the last commits can be lost if the machine
+loses power or the kernel crashes. ``synchronous="full"`` fsyncs the WAL on every commit and
+survives power loss too, at the cost of one fsync per write.
+
+Concurrency: one writer connection and one reader connection, each driven from a worker thread
+through its own ``CapacityLimiter(1)`` so the event loop never blocks on SQLite. WAL lets reads
+run while a write transaction is open. This store is the only writer of its file (a lock file
+keeps other processes out), so the next offset and last ``produced_at_ms`` of every queue are
+cached in memory and are authoritative; they are published only after a successful COMMIT, so
+a failed transaction leaves them untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from cproxy.errors import ConfigError, StoreError, TopicConflict
+from cproxy.model import (
+    AppendResult,
+    DeadLetter,
+    Message,
+    MessageRef,
+    NewMessage,
+    QueueProgress,
+    QueueRef,
+    QueueStats,
+    TopicInfo,
+)
+from cproxy.store._common import check_qid, check_queues, dedup_live, topic_not_found
+from cproxy.store._sqlite_db import (
+    DEAD_LETTER_SELECT,
+    SYNCHRONOUS,
+    Database,
+    dead_letter,
+    dead_letter_row,
+)
+
+__all__ = ["SqliteStore"]
+
+logger = logging.getLogger(__name__)
+
+#: Prune expired dedup entries after this many new ones, so the cost is amortised over appends.
+_PRUNE_EVERY = 10_000
+
+
+class SqliteStore:
+    """The SQLite ``Store``. See the module docstring for durability and concurrency."""
+
+    def __init__(
+        self, data_dir: Path, *, synchronous: str = "normal", busy_timeout_ms: int = 5000
+    ) -> None:
+        if synchronous.lower() not in SYNCHRONOUS:
+            raise ConfigError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
+        self._db = Database(
+            Path(data_dir) / "cproxy.db",
+            synchronous=synchronous.lower(),
+            busy_timeout_ms=busy_timeout_ms,
+        )
+        # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
+        self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
+        self._names: dict[int, str] = {}
+        self._next: dict[int, list[int]] = {}  # tid -> next offset per qid
+        self._last_ts: dict[int, list[int]] = {}  # tid -> last produced_at_ms per qid
+        self._max_window_ms = 0
+        self._dedup_since_prune = 0
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._db.path
+
+    async def open(self) -> None:
+        if not self._db.is_open:
+            await self._db.open(self._load_caches)
+            logger.info("opened SQLite store %s", self.path)
+
+    async def close(self) -> None:
+        await self._db.close()
+
+    async def ping(self) -> bool:
+        return await self._db.ping()
+
+    def _load_caches(self, conn: sqlite3.Connection) -> None:
+        self._topics, self._names = {}, {}
+        for tid, name, queues in conn.execute("SELECT tid, name, queues FROM topics").fetchall():
+            self._add_topic(tid, name, queues)
+            nexts, lasts = self._next[tid], self._last_ts[tid]
+            for qid in range(queues):
+                # One b-tree descent per queue, instead of a GROUP BY over the whole log.
+                row = conn.execute(
+                    "SELECT off, produced_at_ms FROM messages WHERE tid = ? AND qid = ?"
+                    " ORDER BY off DESC LIMIT 1",
+                    (tid, qid),
+                ).fetchone()
+                if row is not None:
+                    nexts[qid], lasts[qid] = row[0] + 1, row[1]
+
+    def _add_topic(self, tid: int, name: str, queues: int) -> None:
+        self._next[tid] = [0] * queues
+        self._last_ts[tid] = [0] * queues
+        # Copy-on-write: the event loop may be iterating the old dicts while the writer thread
+        # publishes a new topic, and rebinding an attribute is atomic.
+        self._names = {**self._names, tid: name}
+        self._topics = {**self._topics, name: (tid, queues)}
+
+    def _check_open(self) -> None:
+        if not self._db.is_open:
+            raise StoreError("the store is not open")
+
+    def _topic(self, name: str) -> tuple[int, int]:
+        self._check_open()
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise topic_not_found(name) from None
+
+    # -- topics --------------------------------------------------------------------------------
+    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+        check_queues(queues)
+        self._check_open()
+        return await self._db.write(functools.partial(self._create_topic_tx, name, queues))
+
+    def _create_topic_tx(
+        self, name: str, queues: int, conn: sqlite3.Connection
+    ) -> tuple[TopicInfo, bool]:
+        existing = self._topics.get(name)
+        if existing is not None:
+            if existing[1] != queues:
+                raise TopicConflict(
+                    f"topic {name!r} exists with {existing[1]} queues, not {queues}"
+                )
+            return TopicInfo(name, queues), False
+        cur = conn.execute("INSERT INTO topics (name, queues) VALUES (?, ?)", (name, queues))
+        tid = cur.lastrowid
+        assert tid is not None
+        self._db.on_commit(functools.partial(self._add_topic, tid, name, queues))
+        return TopicInfo(name, queues), True
+
+    async def list_topics(self) -> list[TopicInfo]:
+        self._check_open()
+        return [TopicInfo(name, q) for name, (_, q) in sorted(self._topics.items())]
+
+    async def queue_stats(self, topic: str) -> list[QueueStats]:
+        tid, _ = self._topic(topic)
+        # No retention yet: every queue still starts at offset 0.
+        return [QueueStats(qid, 0, nxt) for qid, nxt in enumerate(self._next[tid])]
+
+    # -- messages ------------------------------------------------------------------------------
+    async def append(
+        self,
+        topic: str,
+        messages: Sequence[NewMessage],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[AppendResult]:
+        tid, queues = self._topic(topic)
+        for m in messages:
+            check_qid(topic, m.qid, queues)
+        if not messages:
+            return []
+        return await self._db.write(
+            functools.partial(self._append_tx, tid, messages, now_ms, dedup_window_ms)
+        )
+
+    def _append_tx(
+        self,
+        tid: int,
+        messages: Sequence[NewMessage],
+        now_ms: int,
+        window_ms: int,
+        conn: sqlite3.Connection,
+    ) -> list[AppendResult]:
+        dedup = window_ms > 0
+        known: dict[str, tuple[int, int, int]] = {}
+        if dedup:
+            ids = [m.id for m in messages if m.id is not None]
+            if ids:
+                # One statement for any number of ids: json_each avoids the variable limit.
+                for msg_id, qid, off, ts in conn.execute(
+                    "SELECT id, qid, off, produced_at_ms FROM dedup"
+                    " WHERE tid = ? AND id IN (SELECT value FROM json_each(?))",
+                    (tid, orjson.dumps(ids).decode()),
+                ):
+                    if dedup_live(ts, now_ms, window_ms):
+                        known[msg_id] = (qid, off, ts)
+        nexts, lasts = self._next[tid], self._last_ts[tid]
+        new_next: dict[int, int] = {}
+        new_ts: dict[int, int] = {}
+        rows: list[tuple[Any, ...]] = []
+        dedup_rows: list[tuple[int, str, int, int, int]] = []
+        results: list[AppendResult] = []
+        for m in messages:
+            qid = m.qid
+            if dedup and m.id is not None:
+                hit = known.get(m.id)
+                if hit is not None:
+                    results.append(AppendResult(hit[0], hit[1], duplicate=True))
+                    continue
+            off = new_next.get(qid)
+            if off is None:
+                off = nexts[qid]
+                ts = new_ts[qid] = max(now_ms, lasts[qid])
+            else:
+                ts = new_ts[qid]
+            new_next[qid] = off + 1
+            rows.append((tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json))
+            if dedup and m.id is not None:
+                known[m.id] = (qid, off, ts)
+                dedup_rows.append((tid, m.id, qid, off, ts))
+            results.append(AppendResult(qid, off))
+        conn.executemany(
+            "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            rows,
+        )
+        if dedup_rows:
+            conn.executemany(
+                "INSERT OR REPLACE INTO dedup (tid, id, qid, off, produced_at_ms)"
+                " VALUES (?, ?, ?, ?, ?)",
+                dedup_rows,
+            )
+            self._max_window_ms = max(self._max_window_ms, window_ms)
+            self._dedup_since_prune += len(dedup_rows)
+            if self._dedup_since_prune >= _PRUNE_EVERY:
+                self._dedup_since_prune = 0
+                cur = conn.execute(
+                    "DELETE FROM dedup WHERE produced_at_ms <= ?", (now_ms - self._max_window_ms,)
+                )
+                logger.debug("pruned %d expired dedup entries", cur.rowcount)
+
+        def publish() -> None:
+            for qid, nxt in new_next.items():
+                nexts[qid] = nxt
+                lasts[qid] = new_ts[qid]
+
+        self._db.on_commit(publish)
+        return results
+
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+        tid, queues = self._topic(topic)
+        check_qid(topic, qid, queues)
+        start = max(from_offset, 0)
+        # The cached tail is authoritative, so reading past it needs no trip to the database.
+        if max_count <= 0 or start >= self._next[tid][qid]:
+            return []
+
+        def run(conn: sqlite3.Connection) -> list[Message]:
+            return [
+                Message(topic, qid, off, key, body, headers, msg_id, ts)
+                for off, ts, key, msg_id, headers, body in conn.execute(
+                    "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
+                    " WHERE tid = ? AND qid = ? AND off >= ? ORDER BY off LIMIT ?",
+                    (tid, qid, start, max_count),
+                )
+            ]
+
+        return await self._db.read(run)
+
+    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        tid, queues = self._topic(topic)
+        check_qid(topic, qid, queues)
+        hi = self._next[tid][qid]
+        if hi == 0 or self._last_ts[tid][qid] < timestamp_ms:
+            return hi
+
+        def run(conn: sqlite3.Connection) -> int:
+            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets.
+            lo, high = 0, hi
+            while lo < high:
+                mid = (lo + high) // 2
+                (ts,) = conn.execute(
+                    "SELECT produced_at_ms FROM messages WHERE tid = ? AND qid = ? AND off = ?",
+                    (tid, qid, mid),
+                ).fetchone()
+                if ts < timestamp_ms:
+                    lo = mid + 1
+                else:
+                    high = mid
+            return lo
+
+        return await self._db.read(run)
+
+    # -- groups --------------------------------------------------------------------------------
+    async def save_group(self, name: str, config_json: bytes) -> None:
+        await self._db.write(
+            lambda conn: conn.execute(
+                "INSERT INTO groups (name, config) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET config = excluded.config",
+                (name, bytes(config_json)),
+            )
+        )
+
+    async def load_groups(self) -> dict[str, bytes]:
+        return await self._db.read(
+            lambda conn: dict(conn.execute("SELECT name, config FROM groups").fetchall())
+        )
+
+    async def delete_group(self, name: str) -> None:
+        def run(conn: sqlite3.Connection) -> None:
+            for table, column in (("groups", "name"), ("progress", "grp"), ("dead_letters", "grp")):
+                conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (name,))
+
+        await self._db.write(run)
+
+    async def load_progress(self, group: str) -> dict[QueueRef, QueueProgress]:
+        rows = await self._db.read(
+            lambda conn: conn.execute(
+                "SELECT tid, qid, committed, finished FROM progress WHERE grp = ?", (group,)
+            ).fetchall()
+        )
+        return {
+            (self._names[tid], qid): QueueProgress(
+                committed, tuple((int(s), int(e)) for s, e in orjson.loads(finished))
+            )
+            for tid, qid, committed, finished in rows
+        }
+
+    async def commit(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        dead_letters: Sequence[DeadLetter] = (),
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> None:
+        # Build every row first: an unknown topic raises before the transaction starts.
+        progress_rows = [
+            (group, self._topic(topic)[0], qid, p.committed, orjson.dumps(p.finished).decode())
+            for (topic, qid), p in progress.items()
+        ]
+        dead_rows = [
+            dead_letter_row(group, self._topic(dl.message.topic)[0], dl) for dl in dead_letters
+        ]
+        done_rows = [
+            (group, self._topics[topic][0], qid, off)
+            for topic, qid, off in redrive_done
+            if topic in self._topics
+        ]
+
+        def run(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished)"
+                " VALUES (?, ?, ?, ?, ?)",
+                progress_rows,
+            )
+            # Deletes go first so a redriven message that was dead-lettered again stays dead.
+            conn.executemany(
+                "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?",
+                done_rows,
+            )
+            conn.executemany(
+                "INSERT OR REPLACE INTO dead_letters (grp, tid, qid, off, key, id, headers, body,"
+                " produced_at_ms, attempts, last_error, dead_lettered_at_ms, redriving)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                dead_rows,
+            )
+
+        await self._db.write(run)
+
+    # -- dead letters --------------------------------------------------------------------------
+    def _dead_filter(self, topic: str | None) -> int | None:
+        if topic is None:
+            return None
+        entry = self._topics.get(topic)
+        # An unknown topic matches nothing; -1 is never a tid.
+        return entry[0] if entry is not None else -1
+
+    async def list_dead_letters(
+        self, group: str, topic: str | None, limit: int
+    ) -> list[DeadLetter]:
+        if limit <= 0:
+            return []
+        tid = self._dead_filter(topic)
+        rows = await self._db.read(
+            lambda conn: conn.execute(
+                DEAD_LETTER_SELECT + " LIMIT ?", (group, 0, tid, tid, limit)
+            ).fetchall()
+        )
+        return [dead_letter(group, row) for row in rows]
+
+    async def count_dead_letters(self, group: str) -> int:
+        row = await self._db.read(
+            lambda conn: conn.execute(
+                "SELECT count(*) FROM dead_letters WHERE grp = ? AND redriving = 0", (group,)
+            ).fetchone()
+        )
+        return int(row[0])
+
+    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+        tid = self._dead_filter(topic)
+
+        def run(conn: sqlite3.Connection) -> list[Any]:
+            rows = conn.execute(DEAD_LETTER_SELECT, (group, 0, tid, tid)).fetchall()
+            conn.execute(
+                "UPDATE dead_letters SET redriving = 1"
+                " WHERE grp = ? AND redriving = 0 AND (? IS NULL OR tid = ?)",
+                (group, tid, tid),
+            )
+            return rows
+
+        rows = await self._db.write(run)
+        return [dataclasses.replace(dead_letter(group, row), redriving=True) for row in rows]
+
+    async def load_redriving(self, group: str) -> list[DeadLetter]:
+        rows = await self._db.read(
+            lambda conn: conn.execute(DEAD_LETTER_SELECT, (group, 1, None, None)).fetchall()
+        )
+        return [dead_letter(group, row) for row in rows]

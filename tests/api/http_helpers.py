@@ -1,0 +1,152 @@
+"""Small helpers for the HTTP API tests: error-body checks, setup calls and a pull loop."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import RunningServer, make_settings
+
+SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@contextmanager
+def shared_server(
+    tmp_path_factory: pytest.TempPathFactory, **overrides: Any
+) -> Iterator[RunningServer]:
+    """A server for a module-scoped fixture (``server_factory`` is per test)."""
+    running = RunningServer(make_settings(tmp_path_factory.mktemp("cproxy-data"), **overrides))
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+class StateWatch:
+    """Checks that requests leave stored data alone: each check compares what ``probe`` sees
+    now with what it saw at the previous check (so one bad request fails only its own test).
+    """
+
+    def __init__(self, probe: Callable[[], dict[str, Any]]) -> None:
+        self._probe = probe
+        self._last = probe()
+
+    def assert_unchanged(self) -> None:
+        now = self._probe()
+        before, self._last = self._last, now
+        assert now == before, "the request changed stored data"
+
+
+def fresh_client(server: RunningServer) -> httpx.Client:
+    """A client with its own connection; plain HTTP, so skip building a TLS context (slow)."""
+    return server.client(verify=False)
+
+
+def assert_error(
+    response: httpx.Response,
+    status: int | Iterable[int] | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    """Check the contract's error body ``{"error": {"code", "message"}}`` and the status.
+
+    ``status`` of None means "any 4xx" (a 5xx is never acceptable for client input).
+    """
+    where = f"{response.request.method} {response.request.url.path}"
+    detail = f"{where} -> {response.status_code} {response.text[:300]}"
+    if status is None:
+        assert 400 <= response.status_code < 500, detail
+    elif isinstance(status, int):
+        assert response.status_code == status, detail
+    else:
+        assert response.status_code in set(status), detail
+    assert response.headers.get("content-type", "").startswith("application/json"), detail
+    body = response.json()
+    assert isinstance(body, dict) and set(body) == {"error"}, detail
+    error = body["error"]
+    assert isinstance(error, dict) and set(error) == {"code", "message"}, detail
+    assert isinstance(error["code"], str) and SNAKE_CASE.match(error["code"]), detail
+    assert isinstance(error["message"], str) and error["message"].strip(), detail
+    if code is not None:
+        assert error["code"] == code, detail
+    return error
+
+
+def create_topic(client: httpx.Client, name: str, queues: int = 1) -> None:
+    response = client.post("/v1/topics", json={"name": name, "queues": queues})
+    assert response.status_code in (200, 201), response.text
+
+
+def produce(
+    client: httpx.Client, topic: str, messages: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    response = client.post(f"/v1/topics/{topic}/messages", json={"messages": messages})
+    assert response.status_code == 200, response.text
+    results: list[dict[str, Any]] = response.json()["results"]
+    assert len(results) == len(messages)
+    return results
+
+
+def queue_stats(client: httpx.Client, topic: str) -> list[dict[str, Any]]:
+    response = client.get(f"/v1/topics/{topic}")
+    assert response.status_code == 200, response.text
+    stats: list[dict[str, Any]] = response.json()["queue_stats"]
+    return stats
+
+
+def put_group(
+    client: httpx.Client, group: str, topics: dict[str, str], **settings: Any
+) -> dict[str, Any]:
+    body = {"topics": {t: {"order_by": o} for t, o in topics.items()}, **settings}
+    response = client.put(f"/v1/groups/{group}", json=body)
+    assert response.status_code == 200, response.text
+    config: dict[str, Any] = response.json()
+    return config
+
+
+def group_stats(client: httpx.Client, group: str) -> dict[str, Any]:
+    response = client.get(f"/v1/groups/{group}")
+    assert response.status_code == 200, response.text
+    stats: dict[str, Any] = response.json()["stats"]
+    return stats
+
+
+def acks_for(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``results`` entries that ack ``messages``."""
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for m in messages:
+        by_queue.setdefault((m["topic"], m["qid"]), []).append(m["offset"])
+    return [{"topic": t, "qid": q, "acks": offs} for (t, q), offs in by_queue.items()]
+
+
+def pull_all(
+    client: httpx.Client, group: str, count: int, timeout_s: float = 10.0
+) -> list[dict[str, Any]]:
+    """Pull (acking everything received on the next call) until ``count`` messages arrived.
+
+    Returns the messages in the order they were handed out; fails after ``timeout_s``.
+    """
+    got: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count} messages pulled"
+        response = client.post(
+            f"/v1/groups/{group}/pull",
+            json={"max_messages": 100, "wait_ms": 200, "results": results},
+        )
+        assert response.status_code == 200, response.text
+        batch = response.json()["messages"]
+        got.extend(batch)
+        results = acks_for(batch)
+    if results:
+        response = client.post(f"/v1/groups/{group}/ack", json={"results": results})
+        assert response.status_code == 200, response.text
+        assert response.json()["unknown"] == [], response.text
+    return got

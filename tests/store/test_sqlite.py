@@ -1,0 +1,313 @@
+"""What only the SQLite store has: a file that outlives the process, WAL, schema versions."""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from cproxy.errors import ConfigError, StoreError
+from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueProgress
+from cproxy.store import sqlite as sqlite_module
+from cproxy.store.sqlite import SqliteStore
+
+T0 = 1_700_000_000_000
+WINDOW = 60_000
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    yield s
+    await s.close()
+
+
+def raw(path: Path) -> sqlite3.Connection:
+    """A connection of our own next to the store's, as another process would have."""
+    return sqlite3.connect(path, isolation_level=None)
+
+
+async def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path / "nested" / "dir")
+    await s.open()
+    await s.create_topic("t", 2)
+    await s.append("t", [NewMessage(1, "k", b"1", b'{"h":"1"}', "id-1")], T0 + 500, WINDOW)
+    message = (await s.read("t", 1, 0, 1))[0]
+    await s.save_group("g", b'{"v":1}')
+    await s.commit(
+        "g", {("t", 1): QueueProgress(1, ((3, 4),))}, [DeadLetter("g", message, 2, "x", T0)]
+    )
+    await s.close()
+
+    s = SqliteStore(tmp_path / "nested" / "dir")
+    await s.open()
+    try:
+        assert [(t.name, t.queues) for t in await s.list_topics()] == [("t", 2)]
+        assert await s.read("t", 1, 0, 10) == [message]
+        assert await s.load_groups() == {"g": b'{"v":1}'}
+        assert await s.load_progress("g") == {("t", 1): QueueProgress(1, ((3, 4),))}
+        assert [d.message for d in await s.list_dead_letters("g", None, 10)] == [message]
+        # Offsets, produced_at clamping and dedup pick up where they were.
+        results = await s.append(
+            "t", [NewMessage(1, None, b"2"), NewMessage(0, None, b"3", id="id-1")], T0, WINDOW
+        )
+        assert results == [AppendResult(1, 1), AppendResult(1, 0, duplicate=True)]
+        assert [m.produced_at_ms for m in await s.read("t", 1, 0, 10)] == [T0 + 500, T0 + 500]
+    finally:
+        await s.close()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys
+    from pathlib import Path
+    from cproxy.model import NewMessage, QueueProgress
+    from cproxy.store.sqlite import SqliteStore
+
+    async def main() -> None:
+        store = SqliteStore(Path(sys.argv[1]))
+        await store.open()
+        await store.create_topic("t", 2)
+        for i in range(50):
+            batch = [NewMessage(j % 2, None, b"%d" % (i * 4 + j), None, f"id-{i * 4 + j}")
+                     for j in range(4)]
+            await store.append("t", batch, 1_700_000_000_000 + i, 60_000)
+        await store.commit("g", {("t", 0): QueueProgress(17)})
+        print("appended", flush=True)
+        # Every append has returned (a 200 was sent); now die without closing anything.
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_committed_appends_survive_sigkill(tmp_path: Path) -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert child.stdout == "appended\n"
+    # The data is only in the WAL: a clean close would have checkpointed and removed it.
+    assert (tmp_path / "cproxy.db-wal").stat().st_size > 0
+
+    async def check() -> None:
+        s = SqliteStore(tmp_path)
+        await s.open()  # the dead child's lock is gone with it
+        try:
+            bodies = [m.body_json for q in (0, 1) for m in await s.read("t", q, 0, 1000)]
+            assert sorted(int(b) for b in bodies) == list(range(200))
+            assert [x.next_offset for x in await s.queue_stats("t")] == [100, 100]
+            assert await s.load_progress("g") == {("t", 0): QueueProgress(17)}
+            again = await s.append(
+                "t", [NewMessage(1, None, b"x", id="id-199"), NewMessage(1, None, b"y")], T0, WINDOW
+            )
+            assert again == [AppendResult(1, 99, duplicate=True), AppendResult(1, 100)]
+        finally:
+            await s.close()
+
+    anyio.run(check)
+
+
+async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> None:
+    assert store.path == tmp_path / "cproxy.db"
+    conn = raw(store.path)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        assert version == ("1",)
+    finally:
+        conn.close()
+
+
+async def test_reads_are_not_blocked_by_an_open_write_transaction(store: SqliteStore) -> None:
+    await store.create_topic("t", 1)
+    await store.append("t", [NewMessage(0, None, b"committed")], T0, 0)
+    other = raw(store.path)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        other.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+        with anyio.fail_after(2):
+            assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"committed"]
+            assert await store.ping()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+
+
+async def test_reads_run_concurrently_with_appends(store: SqliteStore) -> None:
+    await store.create_topic("t", 1)
+    total, seen = 3000, list[int]()
+
+    async def produce() -> None:
+        for i in range(0, total, 30):
+            await store.append(
+                "t", [NewMessage(0, None, b"%d" % n) for n in range(i, i + 30)], T0, 0
+            )
+
+    async def consume() -> None:
+        with anyio.fail_after(30):
+            while len(seen) < total:
+                batch = await store.read("t", 0, len(seen), 100)
+                # Every read sees a committed, gap-free prefix of the log.
+                assert [m.offset for m in batch] == list(range(len(seen), len(seen) + len(batch)))
+                seen.extend(int(m.body_json) for m in batch)
+                await anyio.lowlevel.checkpoint()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(consume)
+        tg.start_soon(produce)
+    assert seen == list(range(total))
+
+
+async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteStore) -> None:
+    await store.create_topic("t", 2)
+    await store.append("t", [NewMessage(0, None, b"0")], T0, WINDOW)
+    conn = raw(store.path)
+    try:
+        # Make SQLite itself fail mid-batch, after earlier rows of the call were inserted.
+        conn.execute(
+            "CREATE TRIGGER boom BEFORE INSERT ON messages WHEN NEW.body = x'21'"
+            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+        )
+    finally:
+        conn.close()
+    batch = [
+        NewMessage(0, None, b"1", id="a"),
+        NewMessage(1, None, b"2"),
+        NewMessage(0, None, b"!"),
+    ]
+    with pytest.raises(StoreError, match="injected failure") as caught:
+        await store.append("t", batch, T0 + 1000, WINDOW)
+    assert isinstance(caught.value.__cause__, sqlite3.Error)
+    assert [s.next_offset for s in await store.queue_stats("t")] == [1, 0]
+    assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"0"]
+    results = await store.append(
+        "t", [NewMessage(0, None, b"3", id="a"), NewMessage(1, None, b"4")], T0, WINDOW
+    )
+    assert results == [AppendResult(0, 1), AppendResult(1, 0)]
+    # produced_at was not advanced by the failed call either.
+    assert [m.produced_at_ms for m in await store.read("t", 0, 0, 10)] == [T0, T0]
+
+
+async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
+    await store.create_topic("t", 1)
+    await store.append("t", [NewMessage(0, None, b"0")], T0, 0)
+    conn = raw(store.path)
+    try:
+        # A deferred foreign key is checked at COMMIT: the statements all succeed and then the
+        # COMMIT fails, the case where publishing caches early would go unnoticed.
+        conn.execute("CREATE TABLE parent (id INTEGER PRIMARY KEY)")
+        conn.execute(
+            "CREATE TABLE child (pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
+        )
+        conn.execute(
+            "CREATE TRIGGER late_boom AFTER INSERT ON messages WHEN NEW.body = x'21'"
+            " BEGIN INSERT INTO child VALUES (42); END"
+        )
+    finally:
+        conn.close()
+    writer = store._db._writer  # white box: enforcement is a per-connection setting
+    assert writer is not None
+    writer.execute("PRAGMA foreign_keys = ON")
+
+    with pytest.raises(StoreError, match="FOREIGN KEY"):
+        await store.append("t", [NewMessage(0, None, b"!")], T0 + 1000, 0)
+    assert [s.next_offset for s in await store.queue_stats("t")] == [1]
+    assert await store.offset_for_time("t", 0, T0 + 1) == 1
+    assert await store.append("t", [NewMessage(0, None, b"1")], T0, 0) == [AppendResult(0, 1)]
+    assert [m.produced_at_ms for m in await store.read("t", 0, 0, 10)] == [T0, T0]
+
+
+async def test_expired_dedup_entries_are_pruned(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_module, "_PRUNE_EVERY", 10)
+    await store.create_topic("t", 1)
+    await store.append(
+        "t", [NewMessage(0, None, b"{}", id=f"old-{i}") for i in range(10)], T0, WINDOW
+    )
+    # The next call crosses the threshold at a time when the old ids have expired.
+    later = T0 + WINDOW
+    await store.append(
+        "t", [NewMessage(0, None, b"{}", id=f"new-{i}") for i in range(10)], later, WINDOW
+    )
+    conn = raw(store.path)
+    try:
+        ids = {row[0] for row in conn.execute("SELECT id FROM dedup")}
+    finally:
+        conn.close()
+    assert ids == {f"new-{i}" for i in range(10)}
+    assert (await store.append("t", [NewMessage(0, None, b"{}", id="new-3")], later, WINDOW))[
+        0
+    ].duplicate
+
+
+async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.close()
+    conn = raw(tmp_path / "cproxy.db")
+    conn.execute("UPDATE meta SET v = '99' WHERE k = 'schema_version'")
+    conn.close()
+    with pytest.raises(StoreError, match="schema version 99, newer"):
+        await SqliteStore(tmp_path).open()
+    # The failed open released the data dir: fixing the file makes it usable again.
+    conn = raw(tmp_path / "cproxy.db")
+    conn.execute("UPDATE meta SET v = '1' WHERE k = 'schema_version'")
+    conn.close()
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.close()
+
+
+async def test_second_store_on_same_dir_is_refused(store: SqliteStore, tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="in use"):
+        await SqliteStore(tmp_path).open()
+    await store.create_topic("t", 1)  # the first one is unaffected
+
+
+async def test_reopen_after_close_in_same_process(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.create_topic("t", 1)
+    await s.close()
+    await s.open()
+    try:
+        assert [t.name for t in await s.list_topics()] == ["t"]
+    finally:
+        await s.close()
+
+
+async def test_unusable_data_dir_raises_store_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StoreError):
+        await SqliteStore(tmp_path / "file").open()
+
+
+def test_invalid_synchronous_setting(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        SqliteStore(tmp_path, synchronous="sometimes")
+
+
+async def test_synchronous_full_is_applied(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path, synchronous="full")
+    await s.open()
+    try:
+        # The setting is per connection, so ask the store's own writer.
+        level = await s._db.write(lambda conn: conn.execute("PRAGMA synchronous").fetchone())
+        assert level == (2,)  # FULL
+    finally:
+        await s.close()
