@@ -7,7 +7,7 @@ every hop would be wasted work. The HTTP layer embeds them verbatim with ``orjso
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: (topic, qid): one queue of one topic.
 QueueRef = tuple[str, int]
@@ -49,6 +49,9 @@ class AppendResult:
     qid: int
     offset: int
     duplicate: bool = False
+    #: When the stored message was produced (the original's, for a duplicate). Not part of
+    #: equality: two results are the same when they name the same stored message.
+    produced_at_ms: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

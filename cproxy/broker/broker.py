@@ -21,7 +21,7 @@ from cproxy.config import Settings
 from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
-from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueStats, TopicInfo
+from cproxy.model import AppendResult, DeadLetter, Message, NewMessage, QueueStats, TopicInfo
 from cproxy.partitioner import partition_for_key
 from cproxy.store.base import Store
 
@@ -162,15 +162,27 @@ class Broker:
                 qid = next(rr) % queues
             batch.append(NewMessage(qid, item.key, item.body_json, item.headers_json, item.id))
         results = await self.store.append(topic, batch, now_ms, self.settings.dedup_window_ms)
-        ends: dict[int, int] = {}
-        for result in results:
-            if not result.duplicate and result.offset >= ends.get(result.qid, -1):
-                ends[result.qid] = result.offset + 1
-        if ends:
+        stored: dict[int, list[Message]] = {}
+        for new, result in zip(batch, results, strict=True):
+            if not result.duplicate:
+                stored.setdefault(result.qid, []).append(
+                    Message(
+                        topic,
+                        result.qid,
+                        result.offset,
+                        new.key,
+                        new.body_json,
+                        new.headers_json,
+                        new.id,
+                        result.produced_at_ms,
+                    )
+                )
+        if stored:
+            # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
                 if topic in runner.engine.config.topics:
-                    for qid, end in ends.items():
-                        runner.note_end(topic, qid, end)
+                    for qid, messages in stored.items():
+                        runner.offer(topic, qid, messages)
         if self._on_produced is not None:
             self._on_produced(topic, sum(not r.duplicate for r in results))
         return results

@@ -228,9 +228,12 @@ class GroupRunner:
         if self.engine.pending.dead_letters:
             self._commit_kick.set()
 
-    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
-        self.engine.note_end(topic, qid, end_offset)
-        self._fetch_kick.set()
+    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> None:
+        """Just-stored messages: taken directly when caught up, else read by the fetcher."""
+        if self.engine.offer(topic, qid, messages):
+            self._notify_ready()
+        else:
+            self._fetch_kick.set()
 
     # -- consumer calls ------------------------------------------------------------------------
     def apply(self, results: Iterable[Result]) -> tuple[int, list[MessageRef]]:

@@ -118,6 +118,26 @@ class GroupEngine:
         if part is not None and end_offset > part.end_offset:
             part.end_offset = end_offset
 
+    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
+        """Take just-stored consecutive messages without a store read, if caught up.
+
+        Accepted only when they start exactly at the queue's fetch position and fit in the
+        buffer; otherwise (False) the queue's end moves and the fetcher reads them later.
+        A read already under way for the same offsets is then recognised as stale.
+        """
+        part = self.partitions.get((topic, qid))
+        if part is None or not messages:
+            return False
+        self.note_end(topic, qid, messages[-1].offset + 1)
+        if (
+            part.fetch_offset != messages[0].offset
+            or self.buffered + len(messages) > self.config.max_buffered
+        ):
+            return False
+        request = FetchRequest(topic, qid, part.fetch_offset, len(messages), part.epoch)
+        self.on_fetched(request, messages)
+        return True
+
     def order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
 
@@ -327,6 +347,7 @@ class GroupEngine:
                 applied += 1
                 self.counters[result.topic].failed += 1
                 self._attempt_failed(entry, error or "failed by consumer", now_ms)
+        self._compact_heaps()
         return applied, unknown
 
     def extend(
@@ -360,6 +381,29 @@ class GroupEngine:
             if entry.state is State.RETRYING and entry.due_ms == due:
                 self.retrying -= 1
                 self.ready[entry.message.topic].push(entry, reactivated=True)
+
+    def _compact_heaps(self) -> None:
+        """Drop stale heap items once they outnumber live ones.
+
+        Acks leave their entry's ack-deadline item in the heap (removing from the middle of a
+        heap is O(n)); without this, finished messages and their bodies would stay in memory
+        until their deadline passed, and memory would grow with rate x ack timeout rather
+        than being bounded by ``max_buffered``.
+        """
+        if len(self._timeouts) > 2 * len(self.in_flight) + 64:
+            self._timeouts = [
+                item
+                for item in self._timeouts
+                if item[2].state is State.IN_FLIGHT and item[2].deadline_ms == item[0]
+            ]
+            heapq.heapify(self._timeouts)
+        if len(self._retries) > 2 * self.retrying + 64:
+            self._retries = [
+                item
+                for item in self._retries
+                if item[2].state is State.RETRYING and item[2].due_ms == item[0]
+            ]
+            heapq.heapify(self._retries)
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work, or None."""

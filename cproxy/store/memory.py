@@ -105,7 +105,7 @@ class MemoryStore:
             if m.id is not None:
                 hit = new_ids.get(m.id) or t.dedup.get(m.id)
                 if hit is not None and dedup_live(hit[2], now_ms, dedup_window_ms):
-                    results.append(AppendResult(hit[0], hit[1], duplicate=True))
+                    results.append(AppendResult(hit[0], hit[1], True, hit[2]))
                     continue
             stored = t.queues[m.qid]
             batch = pending.setdefault(m.qid, [])
@@ -117,7 +117,7 @@ class MemoryStore:
             )
             if m.id is not None and dedup_window_ms > 0:
                 new_ids[m.id] = (m.qid, offset, produced_at)
-            results.append(AppendResult(m.qid, offset))
+            results.append(AppendResult(m.qid, offset, False, produced_at))
         for qid, batch in pending.items():
             t.queues[qid].extend(batch)
         for msg_id, entry in new_ids.items():

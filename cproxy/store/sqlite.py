@@ -207,7 +207,7 @@ class SqliteStore:
             if dedup and m.id is not None:
                 hit = known.get(m.id)
                 if hit is not None:
-                    results.append(AppendResult(hit[0], hit[1], duplicate=True))
+                    results.append(AppendResult(hit[0], hit[1], True, hit[2]))
                     continue
             off = new_next.get(qid)
             if off is None:
@@ -220,7 +220,7 @@ class SqliteStore:
             if dedup and m.id is not None:
                 known[m.id] = (qid, off, ts)
                 dedup_rows.append((tid, m.id, qid, off, ts))
-            results.append(AppendResult(qid, off))
+            results.append(AppendResult(qid, off, False, ts))
         conn.executemany(
             "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

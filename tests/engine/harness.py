@@ -39,6 +39,11 @@ class Harness:
         self.engine.note_end(topic, qid, len(queue))
         return message
 
+    def produce_and_offer(self, key: str | None, qid: int = 0) -> bool:
+        """Produce, then offer the message as the broker does after an append."""
+        message = self.produce(key, qid=qid)
+        return self.engine.offer(message.topic, qid, [message])
+
     def fetch(self) -> None:
         """Serve every read the engine plans until it plans none."""
         while requests := self.engine.plan_fetches(self.now):

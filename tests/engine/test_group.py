@@ -143,6 +143,21 @@ def test_block_mode_holds_the_key_until_skip_or_release() -> None:
     assert "skipped by operator" in (dead[0].last_error or "")
 
 
+def test_finished_messages_are_not_kept_alive_by_deadline_heaps() -> None:
+    h = Harness(ack_timeout_ms=60_000, retry_backoff_ms=[60_000], max_buffered=10_000)
+    for i in range(2000):
+        h.produce(f"k{i}")
+    got = h.pull(2000)
+    h.fail(*got[:500])  # retrying: their heap items are live
+    h.ack(*got[500:])
+    h.fetch()
+    live = len(h.engine.in_flight) + h.engine.retrying
+    # Only live items (plus a small slack) may stay referenced from the heaps.
+    assert len(h.engine._timeouts) + len(h.engine._retries) <= 2 * live + 128
+    for entry in h.engine.retrying_entries():
+        assert entry.state is State.RETRYING
+
+
 def test_results_for_unknown_offsets_change_nothing() -> None:
     h = Harness()
     h.produce("a")
@@ -216,6 +231,20 @@ def test_a_deep_healthy_backlog_is_not_parked() -> None:
     h.engine.plan_fetches(h.now)
     assert h.engine.buffered <= 15
     assert sum(c.is_parked for c in h.engine.sequencer.chains.values()) == 2
+
+
+def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
+    h = Harness(max_buffered=3)
+    assert h.produce_and_offer("a")  # caught up: taken directly
+    assert [e.message.offset for e in h.engine.pull(10, None, h.now)] == [0]
+    h.produce("b")  # stored but not offered: the engine is now behind
+    assert not h.produce_and_offer("c")
+    assert offsets(h.pull()) == [1, 2]  # the fetcher reads both, in order, once
+    for k in "def":
+        h.produce(k)
+    h.fetch()
+    assert not h.produce_and_offer("g")  # buffer full (3 in flight... + 3 read)
+    assert h.engine.partitions[("t", 0)].end_offset == 7
 
 
 def test_seek_drops_memory_and_replays() -> None:

@@ -1,0 +1,395 @@
+"""The polling loop of DESIGN §6, shared by :class:`Consumer` and :class:`AsyncConsumer`.
+
+One asyncio engine serves both: the sync consumer runs it on a private event-loop thread and
+hands messages to a thread pool, the async one runs it on the caller's loop and hands messages
+to worker tasks (see ``_dispatch``). Per server there is one puller (pull with long poll,
+carrying pending results) and one flusher (sends results no pull will carry soon, e.g. while
+the puller sits in a long poll); one lease keeper extends messages whose handlers run long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any, Protocol
+
+import httpx
+
+from consumer_sdk.client import AsyncClient
+from consumer_sdk.config import NO_RETRY, ConsumerConfig
+from consumer_sdk.errors import CproxyError, NotFound
+from consumer_sdk.models import AckResult
+
+from ._lease import keep_leases, lease_settings
+from ._ledger import ConsumerStats, Delivery, Ledger
+from ._util import group_body, prepare_group
+
+log = logging.getLogger("consumer_sdk.consumer")
+
+
+class Dispatcher(Protocol):
+    """Runs handlers for delivered messages and reports each outcome to ``core.settle``."""
+
+    async def start(self, core: ConsumerCore) -> None: ...
+
+    def submit(self, deliveries: list[Delivery]) -> None: ...
+
+    async def close(self, timeout_s: float | None) -> None: ...
+
+
+class ConsumerCore:
+    """Pull, dispatch, record, flush, extend; stop by draining. Lives on one event loop."""
+
+    def __init__(
+        self,
+        servers: Sequence[str],
+        group: str,
+        topics: Sequence[str] | None,
+        config: ConsumerConfig,
+        dispatcher: Dispatcher,
+        *,
+        token: str | None = None,
+        ensure_group: Mapping[str, Any] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.servers = list(servers)
+        self.group = group
+        self.topics = list(topics) if topics is not None else None
+        self.config = config
+        self.ledger = Ledger(len(self.servers))
+        self.clients: list[AsyncClient] = []
+        self.fatal: BaseException | None = None
+        self.closing = False
+        self.extend_after_ms = 0
+        self.extend_lease_ms = 0
+        self._dispatcher = dispatcher
+        self._token = token
+        self._group_body = group_body(ensure_group, topics) if ensure_group is not None else None
+        self._transport = transport
+        self._pullers: list[asyncio.Task[None]] = []
+        self._background: list[asyncio.Task[None]] = []
+        self._in_pull = [False] * len(self.servers)
+        self._stopping = False
+        self._changed = asyncio.Event()
+        self._notify_lock = threading.Lock()
+        self._notify_scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+
+    # -- wake-ups ----------------------------------------------------------------------------
+    # Waiters re-check their condition whenever anything changed. Notifications from worker
+    # threads are coalesced so a burst of finished handlers costs one loop wake-up, not one each.
+    def notify(self) -> None:
+        """Wake the loop's waiters; callable from any thread."""
+        loop = self._loop
+        # Unlocked fast path: a wake-up is already queued and runs after our change.
+        if loop is None or self._notify_scheduled:
+            return
+        with self._notify_lock:
+            if self._notify_scheduled:
+                return
+            self._notify_scheduled = True
+        try:
+            if threading.get_ident() == self._loop_thread:
+                loop.call_soon(self._wake)
+            else:
+                loop.call_soon_threadsafe(self._wake)
+        except RuntimeError:  # the loop closed: a handler outlived drain_timeout_ms
+            pass
+
+    def _wake(self) -> None:
+        with self._notify_lock:
+            self._notify_scheduled = False
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    async def wait_change(self, timeout_s: float | None = None) -> None:
+        """Wait until something changes, or ``timeout_s`` passes."""
+        event = self._changed
+        if timeout_s is None:
+            await event.wait()
+            return
+        try:
+            async with asyncio.timeout(timeout_s):
+                await event.wait()
+        except TimeoutError:
+            pass
+
+    async def pause(self, seconds: float, until: Callable[[], bool]) -> None:
+        """Sleep ``seconds``, waking early once ``until()`` holds."""
+        deadline = time.monotonic() + seconds
+        while not until():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            await self.wait_change(left)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def pulling(self) -> bool:
+        """True while some puller may still deliver messages."""
+        return any(not t.done() for t in self._pullers)
+
+    def settle(self, delivery: Delivery, error: str | None) -> bool:
+        """Record a handler outcome (None = ack); thread-safe. False if already settled."""
+        if self.ledger.settle(delivery, error):
+            self.notify()
+            return True
+        return False
+
+    def stats(self) -> ConsumerStats:
+        return self.ledger.stats()
+
+    def request_stop(self) -> None:
+        """Stop pulling; in-flight pulls finish and their messages are still handled."""
+        if not self._stopping:
+            self._stopping = True
+            self._wake()
+
+    def fail(self, exc: BaseException) -> None:
+        """Stop the consumer on an error that retrying cannot fix."""
+        if self.fatal is None:
+            self.fatal = exc
+            log.error("consumer of group %r stops on a fatal error: %s", self.group, exc)
+        self.request_stop()
+
+    async def start(self) -> None:
+        """Open clients, prepare the group, start pullers, flushers and the lease keeper."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        cfg = self.config
+        self.clients = [
+            AsyncClient(
+                url,
+                token=self._token,
+                timeout_ms=cfg.request_timeout_ms,
+                retry=cfg.retry,
+                transport=self._transport,
+            )
+            for url in self.servers
+        ]
+        try:
+            need = not (cfg.extend_after_ms and cfg.extend_lease_ms)
+            found = await prepare_group(self.clients, self.group, self._group_body, need)
+            self.extend_after_ms, self.extend_lease_ms = lease_settings(cfg, found)
+            await self._dispatcher.start(self)
+        except BaseException:
+            await self._close_clients()
+            raise
+        for i in range(len(self.servers)):
+            self._pullers.append(self._spawn(self._puller(i), f"pull-{i}"))
+            self._background.append(self._spawn(self._flusher(i), f"flush-{i}"))
+        self._background.append(self._spawn(keep_leases(self), "extend"))
+        log.info(
+            "consumer of group %r started on %s (concurrency %d, extend after %d ms)",
+            self.group,
+            ", ".join(self.servers),
+            cfg.concurrency,
+            self.extend_after_ms,
+        )
+
+    async def serve(self) -> None:
+        """Run until :meth:`request_stop`, then drain; raises the fatal error if one stopped it."""
+        try:
+            while not self._stopping:
+                await self.wait_change()
+        finally:
+            await self._shutdown()
+        if self.fatal is not None:
+            raise self.fatal
+
+    async def wait_pullers(self) -> None:
+        await asyncio.gather(*self._pullers, return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        cfg = self.config
+        self.request_stop()
+        await self.wait_pullers()
+        drain_s = None if cfg.drain_timeout_ms is None else cfg.drain_timeout_ms / 1000
+        drained = True
+        try:
+            async with asyncio.timeout(drain_s):
+                while self.ledger.outstanding:
+                    await self.wait_change()
+        except TimeoutError:
+            drained = False
+            log.warning(
+                "%d handler(s) still running after drain_timeout_ms=%s; their messages will be "
+                "redelivered after the ack timeout",
+                self.ledger.outstanding,
+                cfg.drain_timeout_ms,
+            )
+        await self._dispatcher.close(None if drained else 0)
+        self.closing = True
+        self._wake()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        deadline = time.monotonic() + cfg.flush_timeout_ms / 1000
+        await asyncio.gather(*(self._flush(i, deadline) for i in range(len(self.servers))))
+        await self._close_clients()
+        log.info("consumer of group %r stopped: %s", self.group, self.stats())
+
+    async def _close_clients(self) -> None:
+        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        async def guarded() -> None:
+            try:
+                await coro
+            except Exception as exc:  # a bug must stop the consumer, not vanish in a task
+                log.exception("consumer task %s crashed", name)
+                self.fail(exc)
+
+        return asyncio.get_running_loop().create_task(guarded(), name=f"cproxy-{name}")
+
+    # -- the loops ---------------------------------------------------------------------------
+    def _note(self, client: AsyncClient, answer: AckResult) -> None:
+        if answer.unknown:
+            self.ledger.count("unknown_results", len(answer.unknown))
+            log.info(
+                "%s did not know %d result(s), e.g. %s: those messages timed out and were "
+                "redelivered, or had already finished",
+                client.url,
+                len(answer.unknown),
+                answer.unknown[0],
+            )
+
+    async def _puller(self, index: int) -> None:
+        cfg, ledger, client = self.config, self.ledger, self.clients[index]
+        limit = cfg.outstanding_limit
+        # Pull once at least half a batch fits: fewer, fuller pulls, yet the pool stays fed.
+        min_batch = max(1, min(cfg.max_messages, limit) // 2)
+        linger_s = cfg.ack_linger_ms / 1000
+        errors = 0
+        idle_ms = 0.0
+
+        def has_room() -> bool:
+            return self._stopping or limit - ledger.outstanding >= min_batch
+
+        while not self._stopping:
+            while not has_room():
+                await self.wait_change()
+            # Give running handlers up to ack_linger_ms to finish, so their results ride on
+            # this pull: the server releases the next message of a key only after its ack.
+            await self.pause(linger_s, lambda: self._stopping or not ledger.outstanding)
+            if self._stopping:
+                break
+            results = ledger.take_results(index)
+            started = time.monotonic()
+            self._in_pull[index] = True
+            try:
+                answer = await client.pull(
+                    self.group,
+                    max_messages=min(cfg.max_messages, limit - ledger.outstanding),
+                    wait_ms=cfg.wait_ms,
+                    topics=self.topics,
+                    results=results,
+                    retry=NO_RETRY,
+                )
+            except CproxyError as exc:
+                ledger.restore_results(index, results)
+                ledger.count("pull_errors")
+                if self._missing_group(exc) and await self._recreate_group(client):
+                    continue
+                if not exc.retryable:
+                    self.fail(exc)
+                    break
+                errors += 1
+                delay_ms = cfg.retry.backoff_ms(errors)
+                log.warning("pull from %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
+                await self.pause(delay_ms / 1000, lambda: self._stopping)
+                continue
+            finally:
+                self._in_pull[index] = False
+            errors = 0
+            ledger.count("pulls")
+            self._note(client, answer.results)
+            if answer.messages:
+                idle_ms = 0.0
+                self._dispatcher.submit(ledger.add(index, answer.messages))
+                self._wake()
+                continue
+            # Empty: the long poll already waited, so sleep only what it did not wait.
+            idle_ms = min(cfg.max_idle_backoff_ms, max(cfg.idle_backoff_ms, idle_ms * 2))
+            waited_ms = (time.monotonic() - started) * 1000
+            if idle_ms > waited_ms:
+                await self.pause((idle_ms - waited_ms) / 1000, lambda: self._stopping)
+
+    def _missing_group(self, exc: CproxyError) -> bool:
+        return isinstance(exc, NotFound) and exc.code == "group_not_found"
+
+    async def _recreate_group(self, client: AsyncClient) -> bool:
+        """With ``ensure_group``, PUT the group on a server that lacks it (one that was down
+        at start, or lost it); True if that worked."""
+        if self._group_body is None:
+            return False
+        try:
+            await client.put_group(self.group, self._group_body)
+        except CproxyError as exc:
+            log.warning("cannot create group %r on %s: %s", self.group, client.url, exc)
+            return False
+        log.warning("group %r was missing on %s: created it", self.group, client.url)
+        return True
+
+    async def _flusher(self, index: int) -> None:
+        cfg, ledger, client = self.config, self.ledger, self.clients[index]
+        linger_s = cfg.ack_linger_ms / 1000
+        errors = 0
+        while not self.closing:
+            since = ledger.pending_since(index)
+            if since is None:
+                await self.wait_change()
+                continue
+            # While a pull is out (a long poll, typically) nothing else will carry the results:
+            # send them now. Otherwise let the next pull take them if it comes within linger.
+            left = 0.0 if self._in_pull[index] else since + linger_s - time.monotonic()
+            if left > 0:
+                await self.wait_change(left)
+                continue
+            results = ledger.take_results(index)
+            if not results:
+                continue
+            try:
+                answer = await client.ack(self.group, results, retry=NO_RETRY)
+            except CproxyError as exc:
+                ledger.restore_results(index, results)
+                if not exc.retryable:
+                    self.fail(exc)
+                    return
+                errors += 1
+                delay_ms = cfg.retry.backoff_ms(errors)
+                log.warning("ack to %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
+                await self.pause(delay_ms / 1000, lambda: self.closing)
+                continue
+            errors = 0
+            self._note(client, answer)
+
+    async def _flush(self, index: int, deadline: float) -> None:
+        """Send every pending result of one server before closing, retrying until deadline."""
+        client, ledger = self.clients[index], self.ledger
+        errors = 0
+        while results := ledger.take_results(index):
+            try:
+                self._note(client, await client.ack(self.group, results, retry=NO_RETRY))
+                continue
+            except CproxyError as exc:
+                ledger.restore_results(index, results)
+                errors += 1
+                delay_s = self.config.retry.backoff_ms(errors) / 1000
+                if not exc.retryable or time.monotonic() + delay_s > deadline:
+                    log.error(
+                        "could not send %d result(s) to %s before stopping (%s): those messages "
+                        "will be redelivered after their ack timeout",
+                        sum(len(r.acks) + len(r.fails) for r in results),
+                        client.url,
+                        exc,
+                    )
+                    return
+                log.warning("final ack to %s failed (%s); retrying", client.url, exc)
+            await asyncio.sleep(delay_s)

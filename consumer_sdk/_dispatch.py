@@ -1,0 +1,171 @@
+"""Where handlers run: a thread pool (sync handlers), worker tasks (async handlers), or the
+caller's ``async for`` loop."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from consumer_sdk.models import Message
+
+from ._core import ConsumerCore
+from ._ledger import Delivery
+from ._util import describe, message_label
+
+log = logging.getLogger("consumer_sdk.consumer")
+
+SyncHandler = Callable[[Message], object]
+AsyncHandler = Callable[[Message], Awaitable[object] | object]
+
+
+def _log_failure(msg: Message, exc: BaseException) -> None:
+    log.warning(
+        "handler failed on %s (attempt %d): %s",
+        message_label(msg),
+        msg.attempt,
+        describe(exc),
+        exc_info=exc,
+    )
+
+
+class ThreadDispatcher:
+    """``concurrency`` threads take deliveries from one queue and run a sync handler.
+
+    A pulled batch never holds two messages of one order value, so the whole batch may run in
+    parallel; a slow message occupies one thread and delays nothing queued behind other threads.
+    """
+
+    def __init__(self, handler: SyncHandler, concurrency: int, name: str) -> None:
+        self._handler = handler
+        self._concurrency = concurrency
+        self._name = name
+        self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._core: ConsumerCore | None = None
+
+    def is_worker(self) -> bool:
+        """True on one of this dispatcher's threads (a handler calling ``stop()``)."""
+        return threading.current_thread() in self._threads
+
+    async def start(self, core: ConsumerCore) -> None:
+        self._core = core
+        for i in range(self._concurrency):
+            # Daemon: a handler stuck past drain_timeout_ms must not keep the process alive.
+            thread = threading.Thread(
+                target=self._work, name=f"{self._name}-worker-{i}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            self._queue.put(d)
+
+    def _work(self) -> None:
+        core = self._core
+        assert core is not None
+        handler = self._handler
+        while (delivery := self._queue.get()) is not None:
+            try:
+                result = handler(delivery.message)
+                if inspect.isawaitable(result):
+                    # Acking an un-awaited coroutine would lose the message: refuse loudly.
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise TypeError("the handler returned an awaitable: use AsyncConsumer")
+            except BaseException as exc:  # SystemExit too: it would silently end the thread
+                _log_failure(delivery.message, exc)
+                core.settle(delivery, describe(exc))
+            else:
+                core.settle(delivery, None)
+
+    async def close(self, timeout_s: float | None) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def join() -> None:
+            for thread in self._threads:
+                thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+        await asyncio.to_thread(join)
+
+
+class TaskDispatcher:
+    """Up to ``concurrency`` tasks drain a backlog of deliveries through an async handler.
+
+    Tasks are started per batch, not per message, and end when the backlog is empty: a
+    handler that never awaits costs no task switch per message.
+    """
+
+    def __init__(self, handler: AsyncHandler, concurrency: int) -> None:
+        self._handler = handler
+        self._concurrency = concurrency
+        self._backlog: deque[Delivery] = deque()
+        self._workers: set[asyncio.Task[None]] = set()
+        self._core: ConsumerCore | None = None
+
+    async def start(self, core: ConsumerCore) -> None:
+        self._core = core
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        self._backlog.extend(deliveries)
+        self._spawn(1)
+        # More workers only if the first one leaves a backlog when it first suspends: a
+        # handler that never awaits then costs one task per batch instead of `concurrency`.
+        asyncio.get_running_loop().call_soon(self._spawn, self._concurrency)
+
+    def _spawn(self, up_to: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(min(up_to - len(self._workers), len(self._backlog))):
+            task = loop.create_task(self._drain(), name="cproxy-handler")
+            self._workers.add(task)
+            task.add_done_callback(self._workers.discard)
+
+    async def _drain(self) -> None:
+        core = self._core
+        assert core is not None
+        handler, backlog = self._handler, self._backlog
+        is_async = inspect.iscoroutinefunction(handler)
+        while backlog:
+            delivery = backlog.popleft()
+            try:
+                result = handler(delivery.message)
+                if is_async or inspect.isawaitable(result):  # plain functions run on the loop
+                    await result  # type: ignore[misc]
+            except Exception as exc:
+                _log_failure(delivery.message, exc)
+                core.settle(delivery, describe(exc))
+            else:
+                core.settle(delivery, None)
+
+    async def close(self, timeout_s: float | None) -> None:
+        # Called after draining (or after drain_timeout_ms): whatever still runs is abandoned,
+        # and its message redelivered after the ack timeout.
+        workers = list(self._workers)
+        for worker in workers:
+            worker.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+
+
+class IterDispatcher:
+    """Holds deliveries for ``async for msg in consumer``."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Delivery] = asyncio.Queue()
+
+    async def start(self, core: ConsumerCore) -> None:
+        pass
+
+    def submit(self, deliveries: list[Delivery]) -> None:
+        for d in deliveries:
+            self.queue.put_nowait(d)
+
+    async def close(self, timeout_s: float | None) -> None:
+        pass

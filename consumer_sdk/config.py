@@ -1,0 +1,107 @@
+"""Small immutable settings objects. Every duration is in milliseconds and says so."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for transient errors.
+
+    The n-th retry (1-based) waits ``initial_backoff_ms * multiplier ** (n - 1)``, capped at
+    ``max_backoff_ms``, then spread by ``±jitter`` (a fraction) so that many clients that failed
+    together do not retry together. ``max_attempts`` bounds the tries of one call (the first
+    included) for :class:`~consumer_sdk.Client` and the producers; the consumer loops ignore it
+    and retry until stopped, because giving up there would only stall the group.
+    """
+
+    max_attempts: int = 5
+    initial_backoff_ms: int = 100
+    max_backoff_ms: int = 5_000
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if not 0 <= self.initial_backoff_ms <= self.max_backoff_ms:
+            raise ValueError("need 0 <= initial_backoff_ms <= max_backoff_ms")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be >= 1")
+        if not 0 <= self.jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+
+    def backoff_ms(self, retry: int) -> float:
+        """Milliseconds to wait before the ``retry``-th retry (1-based)."""
+        exponent = min(max(retry, 1) - 1, 64)  # bounded: float overflow past ~1000
+        base = min(self.initial_backoff_ms * self.multiplier**exponent, self.max_backoff_ms)
+        return base * (1 + random.uniform(-self.jitter, self.jitter))
+
+
+#: Retry nothing: one try per call.
+NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerConfig:
+    """Validated settings of a :class:`~consumer_sdk.Consumer` / ``AsyncConsumer``.
+
+    Built from the consumer's keyword arguments (see their docstrings for the meaning of each);
+    read it back as ``consumer.config``.
+    """
+
+    concurrency: int = 8
+    max_messages: int = 32
+    wait_ms: int = 1_000
+    max_outstanding: int | None = None
+    ack_linger_ms: int = 10
+    extend_after_ms: int | None = None
+    extend_lease_ms: int | None = None
+    idle_backoff_ms: int = 50
+    max_idle_backoff_ms: int = 1_000
+    request_timeout_ms: int = 10_000
+    drain_timeout_ms: int | None = None
+    flush_timeout_ms: int = 10_000
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.concurrency >= 1, "concurrency must be >= 1"),
+            (1 <= self.max_messages <= 1000, "max_messages must be in 1..1000"),
+            (0 <= self.wait_ms <= 30_000, "wait_ms must be in 0..30000"),
+            (
+                self.max_outstanding is None or self.max_outstanding >= 1,
+                "max_outstanding must be >= 1",
+            ),
+            (self.ack_linger_ms >= 0, "ack_linger_ms must be >= 0"),
+            (
+                self.extend_after_ms is None or self.extend_after_ms >= 1,
+                "extend_after_ms must be >= 1",
+            ),
+            (
+                self.extend_lease_ms is None or self.extend_lease_ms >= 10,
+                "extend_lease_ms must be >= 10",
+            ),
+            (
+                0 <= self.idle_backoff_ms <= self.max_idle_backoff_ms,
+                "need 0 <= idle_backoff_ms <= max_idle_backoff_ms",
+            ),
+            (self.request_timeout_ms >= 1, "request_timeout_ms must be >= 1"),
+            (
+                self.drain_timeout_ms is None or self.drain_timeout_ms >= 0,
+                "drain_timeout_ms must be >= 0",
+            ),
+            (self.flush_timeout_ms >= 0, "flush_timeout_ms must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def outstanding_limit(self) -> int:
+        """Messages pulled but not yet finished, per consumer (soft: see ``max_outstanding``)."""
+        if self.max_outstanding is not None:
+            return self.max_outstanding
+        return max(self.max_messages, 2 * self.concurrency)

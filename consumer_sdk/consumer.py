@@ -1,0 +1,259 @@
+"""The blocking consumer: a polling loop that runs a plain function per message."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import signal
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from types import FrameType, TracebackType
+from typing import Any, Self
+
+import httpx
+
+from consumer_sdk.config import ConsumerConfig, RetryPolicy
+from consumer_sdk.errors import ConsumerError
+
+from ._core import ConsumerCore
+from ._dispatch import SyncHandler, ThreadDispatcher
+from ._ledger import ConsumerStats
+from ._util import group_body
+
+log = logging.getLogger("consumer_sdk.consumer")
+
+
+def server_list(servers: str | Sequence[str]) -> list[str]:
+    urls = [servers] if isinstance(servers, str) else list(servers)
+    if not urls:
+        raise ValueError("give at least one server URL")
+    return urls
+
+
+class Consumer:
+    """Consumes a group's messages with a sync ``handler(msg)`` on a pool of threads.
+
+    Delivery semantics: at least once. A handler that returns acks its message; one that raises
+    fails it, and the server delivers it again after the group's retry backoff (dead-lettering
+    it after ``max_attempts``). Messages sharing an order value reach the handler one at a time
+    in offset order; different order values run in parallel. Make handlers idempotent (see
+    :func:`consumer_sdk.idempotent`): a message may be delivered again after a crash or an ack
+    timeout.
+
+    Arguments (durations in milliseconds):
+
+    - ``servers``: one base URL or several; each gets its own puller, and results go back to
+      the server that delivered the message.
+    - ``group``, ``topics``: the group to consume for and, optionally, a subset of its topics.
+    - ``concurrency`` (8): handler threads. ``max_messages`` (32): per pull.
+    - ``wait_ms`` (1000): long-poll wait of each pull. A pull in progress cannot be abandoned
+      without stranding the messages it may return, so ``stop()`` waits for it: this bounds
+      the stop latency, at the cost of one idle pull per server per ``wait_ms``.
+    - ``max_outstanding`` (``max(max_messages, 2 * concurrency)``): messages received but not
+      finished, across servers (soft: each server may overshoot by one pull).
+    - ``ack_linger_ms`` (10): results not carried by a pull within this time are sent with a
+      standalone ack, so a long poll never holds back an ack (and the next message of its key).
+    - ``extend_after_ms`` / ``extend_lease_ms`` (a third of / the group's ``ack_timeout_ms``):
+      a message unfinished this long after delivery, or after its last extension, gets its ack
+      deadline moved to now + ``extend_lease_ms``, so a slow handler is not redelivered.
+    - ``idle_backoff_ms`` / ``max_idle_backoff_ms`` (50 / 1000): pause after empty pulls that
+      did not long-poll, doubling. ``retry``: backoff after failed calls (retried until stop).
+    - ``drain_timeout_ms`` (None = forever): how long ``stop()`` waits for running handlers.
+    - ``flush_timeout_ms`` (10000): how long ``stop()`` keeps retrying to send results.
+    - ``ensure_group``: a group config (DESIGN §4) to PUT on every server at start; ``topics``
+      defaults to the consumer's, and a top-level ``"order_by"`` applies to each of them.
+    - ``handle_signals`` (True): ``run()`` in the main thread stops gracefully on SIGINT and
+      SIGTERM; a second SIGINT raises ``KeyboardInterrupt`` at once.
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str],
+        *,
+        group: str,
+        handler: SyncHandler,
+        topics: Sequence[str] | None = None,
+        concurrency: int = 8,
+        max_messages: int = 32,
+        wait_ms: int = 1_000,
+        max_outstanding: int | None = None,
+        ack_linger_ms: int = 10,
+        extend_after_ms: int | None = None,
+        extend_lease_ms: int | None = None,
+        idle_backoff_ms: int = 50,
+        max_idle_backoff_ms: int = 1_000,
+        request_timeout_ms: int = 10_000,
+        drain_timeout_ms: int | None = None,
+        flush_timeout_ms: int = 10_000,
+        retry: RetryPolicy | None = None,
+        ensure_group: Mapping[str, Any] | None = None,
+        token: str | None = None,
+        handle_signals: bool = True,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        if inspect.iscoroutinefunction(handler):
+            raise TypeError("handler is an async function: use AsyncConsumer")
+        self.servers = server_list(servers)
+        self.group = group
+        self.topics = list(topics) if topics is not None else None
+        self.config = ConsumerConfig(
+            concurrency=concurrency,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            max_outstanding=max_outstanding,
+            ack_linger_ms=ack_linger_ms,
+            extend_after_ms=extend_after_ms,
+            extend_lease_ms=extend_lease_ms,
+            idle_backoff_ms=idle_backoff_ms,
+            max_idle_backoff_ms=max_idle_backoff_ms,
+            request_timeout_ms=request_timeout_ms,
+            drain_timeout_ms=drain_timeout_ms,
+            flush_timeout_ms=flush_timeout_ms,
+            retry=retry or RetryPolicy(),
+        )
+        self._handler = handler
+        # Validated now, so a bad config fails here rather than inside start().
+        self._ensure_group = group_body(ensure_group, topics) if ensure_group is not None else None
+        self._token = token
+        self._handle_signals = handle_signals
+        self._transport = transport
+        self._thread: threading.Thread | None = None
+        self._core: ConsumerCore | None = None
+        self._dispatcher: ThreadDispatcher | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        return f"Consumer(group={self.group!r}, servers={self.servers!r})"
+
+    @property
+    def running(self) -> bool:
+        """True from a successful ``start()`` until the loop has stopped."""
+        return self._thread is not None and self._thread.is_alive() and self._started.is_set()
+
+    def stats(self) -> ConsumerStats:
+        """Counters of this consumer (pulls, acks, fails, outstanding...)."""
+        return self._core.stats() if self._core is not None else ConsumerStats()
+
+    def start(self) -> None:
+        """Start consuming in a background thread; returns once the group is prepared.
+
+        Raises what prevented the start (e.g. :class:`~consumer_sdk.NotFound` for an unknown
+        group, or a transport error when ``ensure_group`` could not be applied).
+        """
+        if self._thread is not None:
+            raise ConsumerError("this consumer was already started; create a new one")
+        self._dispatcher = ThreadDispatcher(
+            self._handler, self.config.concurrency, name=f"cproxy-{self.group}"
+        )
+        self._thread = threading.Thread(
+            target=self._main, name=f"cproxy-{self.group}-loop", daemon=True
+        )
+        self._thread.start()
+        self._started.wait()
+        if self._core is None or self._error is not None:
+            self._thread.join()
+            error, self._error = self._error, None
+            assert error is not None
+            raise error
+
+    def stop(self, timeout_ms: int | None = None) -> None:
+        """Stop gracefully: no new pulls, finish running handlers, send their results.
+
+        Blocks until done (or ``timeout_ms``), then raises the error that stopped the consumer
+        early, if any. Called from inside a handler, it only asks for the stop and returns.
+        """
+        thread, loop, core = self._thread, self._loop, self._core
+        if thread is None or loop is None or core is None:
+            return
+        with contextlib.suppress(RuntimeError):  # RuntimeError: the loop already ended
+            loop.call_soon_threadsafe(core.request_stop)
+        if self._dispatcher is not None and self._dispatcher.is_worker():
+            return
+        thread.join(None if timeout_ms is None else timeout_ms / 1000)
+        if thread.is_alive():
+            raise ConsumerError(f"consumer did not stop within {timeout_ms} ms")
+        self._raise_error()
+
+    def run(self) -> None:
+        """Start and block until stopped (``stop()`` from another thread, SIGINT or SIGTERM)."""
+        self.start()
+        thread = self._thread
+        assert thread is not None
+        restore = self._install_signals()
+        try:
+            while thread.is_alive():
+                thread.join(0.5)
+        finally:
+            restore()
+        self._raise_error()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- internals ---------------------------------------------------------------------------
+    def _raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._amain())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._started.set()
+
+    async def _amain(self) -> None:
+        assert self._dispatcher is not None
+        core = ConsumerCore(
+            self.servers,
+            self.group,
+            self.topics,
+            self.config,
+            self._dispatcher,
+            token=self._token,
+            ensure_group=self._ensure_group,
+            transport=self._transport,
+        )
+        await core.start()
+        self._loop = asyncio.get_running_loop()
+        self._core = core
+        self._started.set()
+        await core.serve()
+
+    def _install_signals(self) -> Callable[[], None]:
+        if not self._handle_signals or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+        signals = (signal.SIGINT, signal.SIGTERM)
+        previous = {s: signal.getsignal(s) for s in signals}
+
+        def restore() -> None:
+            for s, handler in previous.items():
+                # None: the handler was installed outside Python and cannot be put back.
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            # The first signal stops gracefully; the previous handlers take the next one, so a
+            # second Ctrl-C raises KeyboardInterrupt when a handler will not finish.
+            restore()
+            log.info(
+                "received %s: stopping gracefully (again to abort)", signal.Signals(signum).name
+            )
+            loop, core = self._loop, self._core
+            if loop is not None and core is not None:
+                loop.call_soon_threadsafe(core.request_stop)
+
+        for s in signals:
+            signal.signal(s, on_signal)
+        return restore

@@ -1,0 +1,137 @@
+"""One rooted exception hierarchy for the SDK.
+
+Everything the SDK raises on purpose derives from :class:`CproxyError`. HTTPX errors are
+translated exactly once, at the transport boundary (``consumer_sdk._base``), with
+``raise ... from exc`` so the original stays available as ``__cause__``::
+
+    CproxyError
+    ├── TransportError            the server could not be reached or did not answer
+    │   ├── ConnectError          the request was never sent: always safe to retry
+    │   └── RequestTimeout        sent, but no answer in time: it may have been applied
+    ├── ProtocolError             the answer was not the JSON the contract promises
+    ├── ApiError                  the server answered {"error": {"code", "message"}}
+    │   ├── BadRequest (400)  InvalidRequest (422)  TooLarge (413)
+    │   ├── Unauthorized (401)  Forbidden (403)  NotFound (404)  Conflict (409)
+    │   └── ServerError (5xx)
+    │       └── ServiceUnavailable (503)
+    ├── ConsumerError             a consumer was misused or stopped on a fatal error
+    └── DuplicateInProgress       the idempotency helper saw the key claimed elsewhere
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class CproxyError(Exception):
+    """Base of every error the SDK raises on purpose."""
+
+    #: True when repeating the same call later may succeed (the consumer loops retry these).
+    retryable: ClassVar[bool] = False
+
+
+class TransportError(CproxyError):
+    """The server could not be reached or did not answer (wraps an ``httpx`` error)."""
+
+    retryable = True
+
+
+class ConnectError(TransportError):
+    """The connection failed before the request was sent, so nothing was applied."""
+
+
+class RequestTimeout(TransportError):
+    """No answer in time. The request may have been applied: retry only idempotent calls."""
+
+
+class ProtocolError(CproxyError):
+    """The server answered something that is not the JSON the contract promises."""
+
+
+class ApiError(CproxyError):
+    """The server rejected a request with ``{"error": {"code", "message"}}``.
+
+    ``status`` is the HTTP status, ``code`` the stable snake_case error code (use it rather than
+    the message to branch on), ``message`` the human sentence.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+class BadRequest(ApiError):
+    """400: the request is malformed."""
+
+
+class Unauthorized(ApiError):
+    """401: missing or unknown token."""
+
+
+class Forbidden(ApiError):
+    """403: the token's role or scope does not allow this call."""
+
+
+class NotFound(ApiError):
+    """404: unknown topic or group (``code`` tells which)."""
+
+
+class Conflict(ApiError):
+    """409: e.g. a topic exists with a different queue count."""
+
+
+class TooLarge(ApiError):
+    """413: too many messages in one call, or too many bytes."""
+
+
+class InvalidRequest(ApiError):
+    """422: well-formed but invalid (bad group config, bad order_by...)."""
+
+
+class ServerError(ApiError):
+    """5xx other than 503. Retried by the consumer loops like a transport error."""
+
+    retryable = True
+
+
+class ServiceUnavailable(ServerError):
+    """503: the store is unavailable or the server is shutting down; nothing was applied."""
+
+
+class ConsumerError(CproxyError):
+    """A consumer was used wrongly (e.g. started twice) or stopped on a fatal error."""
+
+
+class DuplicateInProgress(CproxyError):
+    """Another delivery of the same business key holds the idempotency claim.
+
+    Raised by handlers wrapped with :func:`consumer_sdk.idempotent`; the message is failed and
+    delivered again after the group's retry backoff, by which time the other delivery is done.
+    """
+
+    retryable = True
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"business key {key!r} is being processed by another delivery")
+        self.key = key
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: TooLarge,
+    422: InvalidRequest,
+    503: ServiceUnavailable,
+}
+
+
+def api_error_class(status: int) -> type[ApiError]:
+    """The :class:`ApiError` subclass for an HTTP status."""
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    return ServerError if status >= 500 else BadRequest

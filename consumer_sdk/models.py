@@ -1,0 +1,138 @@
+"""Plain immutable values the SDK hands out and takes in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: (topic, qid, offset): one message of one queue.
+MessageRef = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One delivery of a message to a consumer group.
+
+    ``body`` is the decoded JSON value the producer sent; ``attempt`` counts deliveries of this
+    message to the group, starting at 1 (a value above 1 means an earlier delivery failed or
+    timed out). ``produced_at_ms`` is the server's clock at produce time, in Unix milliseconds.
+    ``server`` is the base URL the message was pulled from: its ack goes back there.
+    """
+
+    topic: str
+    qid: int
+    offset: int
+    key: str | None
+    body: Any
+    headers: Mapping[str, str] = field(default_factory=dict)
+    attempt: int = 1
+    produced_at_ms: int = 0
+    server: str = ""
+
+    @property
+    def ref(self) -> MessageRef:
+        """``(topic, qid, offset)``: the message's identity within one server's store."""
+        return (self.topic, self.qid, self.offset)
+
+
+_new = object.__new__
+# Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
+# object.__setattr__ calls cost several microseconds per message on the pull path.
+(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server) = (
+    Message.__dict__[name].__set__ for name in Message.__dataclass_fields__
+)
+
+
+def message_from_wire(m: Mapping[str, Any], server: str) -> Message:
+    """A :class:`Message` from one element of a pull answer's ``messages`` (KeyError if bad)."""
+    msg = _new(Message)
+    _topic(msg, m["topic"])
+    _qid(msg, m["qid"])
+    _offset(msg, m["offset"])
+    _key(msg, m.get("key"))
+    _body(msg, m.get("body"))
+    _headers(msg, m.get("headers") or {})
+    _attempt(msg, m.get("attempt", 1))
+    _produced(msg, m.get("produced_at_ms", 0))
+    _server(msg, server)
+    return msg
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Where a produced message was stored.
+
+    ``duplicate`` is True when a message with the same ``id`` was already stored on the topic
+    within the server's dedup window: nothing new was stored and ``qid``/``offset`` are the
+    original's.
+    """
+
+    qid: int
+    offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueResult:
+    """Outcomes for messages of one queue, as sent with a pull or an ack.
+
+    ``fails`` pairs each failed offset with the handler's error (or None); the server records
+    the error on the message and shows it on its dead letter if attempts run out.
+    """
+
+    topic: str
+    qid: int
+    acks: tuple[int, ...] = ()
+    fails: tuple[tuple[int, str | None], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """What the server did with a batch of results.
+
+    ``unknown`` lists results for messages that were not in flight (already finished, timed out
+    and redelivered, or never delivered): they changed nothing.
+    """
+
+    applied: int = 0
+    unknown: tuple[MessageRef, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    """The answer to a pull: new deliveries plus what happened to the results it carried."""
+
+    messages: tuple[Message, ...]
+    results: AckResult
+
+
+@dataclass(frozen=True, slots=True)
+class ExtendResult:
+    """``applied`` leases were extended; ``unknown`` messages were no longer in flight."""
+
+    applied: int = 0
+    unknown: tuple[MessageRef, ...] = ()
+
+
+#: A message to produce, as a mapping with the keys ``body`` (any JSON value, required),
+#: ``key`` (str or None), ``headers`` (str -> str), ``id`` (str, for dedup) and ``qid`` (int).
+OutgoingMessage = Mapping[str, Any]
+
+__all__ = [
+    "AckResult",
+    "ExtendResult",
+    "Message",
+    "MessageRef",
+    "OutgoingMessage",
+    "PullResult",
+    "QueueResult",
+    "SendResult",
+    "TopicInfo",
+]
