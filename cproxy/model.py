@@ -3,6 +3,10 @@
 Message bodies and headers travel as already-encoded JSON bytes: the proxy almost never needs
 to look inside them (only a JSON-path ``order_by`` does), so decoding and re-encoding them on
 every hop would be wasted work. The HTTP layer embeds them verbatim with ``orjson.Fragment``.
+
+``Message``, ``NewMessage`` and ``AppendResult`` are built once per message on the hot path,
+so they are plain slotted dataclasses (a frozen dataclass's ``__init__`` costs about twice as
+much): treat them as immutable all the same.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ QueueRef = tuple[str, int]
 MessageRef = tuple[str, int, int]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
 
@@ -33,7 +37,7 @@ class Message:
         return (self.topic, self.qid, self.offset)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class NewMessage:
     """A message about to be appended; ``qid`` is already chosen by the partitioner."""
 
@@ -44,7 +48,7 @@ class NewMessage:
     id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AppendResult:
     qid: int
     offset: int

@@ -9,7 +9,6 @@ import orjson
 from fastapi import APIRouter, Body, Depends, Query, Request
 from starlette.responses import Response
 
-from cproxy.broker.broker import Broker
 from cproxy.config import GROUP_NAME, Token
 from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
@@ -17,20 +16,13 @@ from cproxy.engine.group import Result
 from cproxy.errors import InvalidRequest
 
 from .auth import require
+from .deps import BrokerDep
 from .responses import json_response, message_json, refs_json
 from .routing import CproxyRoute
 from .schemas import Ack, BlockedKeyAction, Extend, Pull, QueueResults, Redrive, Seek
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
-
-
-def _broker(request: Request) -> Broker:
-    broker: Broker = request.app.state.broker
-    return broker
-
-
-BrokerDep = Annotated[Broker, Depends(_broker)]
 
 
 def _results(items: list[QueueResults]) -> list[Result]:

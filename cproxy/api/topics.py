@@ -9,24 +9,17 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from cproxy.broker.broker import Broker, ProduceItem
+from cproxy.broker.broker import ProduceItem
 from cproxy.config import Limits, Token
 from cproxy.errors import InvalidRequest, TooLarge
 
 from .auth import require
+from .deps import BrokerDep
 from .responses import json_response
 from .routing import CproxyRoute
 from .schemas import CreateTopic, Produce
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=CproxyRoute)
-
-
-def _broker(request: Request) -> Broker:
-    broker: Broker = request.app.state.broker
-    return broker
-
-
-BrokerDep = Annotated[Broker, Depends(_broker)]
 
 
 @router.post("", summary="Create a topic (idempotent)", status_code=201)

@@ -30,7 +30,7 @@ from .runner import GroupRunner
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProduceItem:
     """One message of a produce call, body and headers already JSON-encoded."""
 

@@ -17,6 +17,7 @@ from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
+from cproxy.store._sqlite_writer import Writer, as_store_error
 
 if sys.platform != "win32":
     import fcntl
@@ -177,37 +178,45 @@ class DirLock:
 
 
 class Database:
-    """One writer and one reader connection, each used by one worker thread at a time.
+    """The writer (``_sqlite_writer.Writer``) and one reader connection, plus the data-dir lock.
 
-    ``write`` runs a function in a ``BEGIN IMMEDIATE`` transaction; actions registered with
-    ``on_commit`` during it run only once COMMIT succeeded, which is how the store keeps its
-    in-memory caches consistent with what is durable. sqlite3 and OS errors leave as
-    ``StoreError``.
+    ``write`` runs a function atomically in a ``BEGIN IMMEDIATE`` transaction, possibly shared
+    with other writes queued at the same time (group commit), and returns once it committed.
+    Actions registered with ``on_commit`` during it run only once COMMIT succeeded, which is
+    how the store keeps its in-memory caches consistent with what is durable. sqlite3 and OS
+    errors leave as ``StoreError``.
     """
 
-    def __init__(self, path: Path, *, synchronous: str, busy_timeout_ms: int) -> None:
+    def __init__(
+        self, path: Path, *, synchronous: str, busy_timeout_ms: int, group_commit: bool = True
+    ) -> None:
         self.path = path
         self._connect = functools.partial(
             connect, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms
         )
         self._lock = DirLock(path.parent)
-        self._writer: sqlite3.Connection | None = None
+        self._writer = Writer(
+            functools.partial(self._connect, reader=False), group_commit=group_commit
+        )
         self._reader: sqlite3.Connection | None = None
-        self._write_limiter: CapacityLimiter | None = None
         self._read_limiter: CapacityLimiter | None = None
-        self._on_commit: list[Callable[[], None]] = []
 
     @property
     def is_open(self) -> bool:
-        return self._writer is not None
+        return self._writer.conn is not None
+
+    @property
+    def tx_state(self) -> dict[Any, Any]:
+        """Scratch space of the open write transaction (see ``Writer.tx_state``)."""
+        return self._writer.tx_state
 
     async def open(self, load: Callable[[sqlite3.Connection], None]) -> None:
         """Open both connections, create or check the schema, then call ``load(writer)``."""
         # Limiters are made here, inside the event loop that will use them.
-        self._write_limiter = CapacityLimiter(1)
+        self._writer.limiter = CapacityLimiter(1)
         self._read_limiter = CapacityLimiter(1)
         await to_thread.run_sync(
-            _translated, functools.partial(self._open_sync, load), limiter=self._write_limiter
+            _translated, functools.partial(self._open_sync, load), limiter=self._writer.limiter
         )
 
     def _open_sync(self, load: Callable[[sqlite3.Connection], None]) -> None:
@@ -225,22 +234,24 @@ class Database:
                     conn.close()
             self._lock.release()
             raise
-        self._writer, self._reader = writer, reader
+        self._writer.conn, self._reader = writer, reader
 
     async def close(self) -> None:
-        if self._write_limiter is None or self._read_limiter is None:
+        write_limiter = self._writer.limiter
+        if write_limiter is None or self._read_limiter is None:
             return
         # Through the limiters, so calls in progress finish before their connection goes away.
         # The reader goes first: the last connection to close checkpoints and removes the WAL.
         try:
-            await to_thread.run_sync(self._close_sync, "_reader", limiter=self._read_limiter)
-            await to_thread.run_sync(self._close_sync, "_writer", limiter=self._write_limiter)
+            await to_thread.run_sync(self._close_sync, self, "_reader", limiter=self._read_limiter)
+            await to_thread.run_sync(self._close_sync, self._writer, "conn", limiter=write_limiter)
         finally:
             self._lock.release()
 
-    def _close_sync(self, attr: str) -> None:
-        conn: sqlite3.Connection | None = getattr(self, attr)
-        setattr(self, attr, None)
+    @staticmethod
+    def _close_sync(owner: object, attr: str) -> None:
+        conn: sqlite3.Connection | None = getattr(owner, attr)
+        setattr(owner, attr, None)
         if conn is not None:
             _translated(conn.close)
 
@@ -263,50 +274,26 @@ class Database:
             raise StoreError("the store is closed")
         return _translated(functools.partial(fn, conn))
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn`` in one write transaction on the writer connection."""
-        if self._write_limiter is None:
-            raise StoreError("the store is not open")
-        return await to_thread.run_sync(self._write_sync, fn, limiter=self._write_limiter)
+    async def write(self, fn: Callable[[sqlite3.Connection], T], *, weight: int = 1) -> T:
+        """Run ``fn`` atomically in a write transaction; return once that committed.
+
+        ``weight`` (messages, for an append) bounds how much one group transaction takes on.
+        """
+        return await self._writer.write(fn, weight)
+
+    def on_success(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the running write succeeded, before the next write of its
+        transaction runs (to stage what that one must see); never if it fails."""
+        self._writer.on_success(action)
 
     def on_commit(self, action: Callable[[], None]) -> None:
-        """Run ``action`` after the current ``write`` transaction commits (never on rollback)."""
-        self._on_commit.append(action)
-
-    def _write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._writer
-        if conn is None:
-            raise StoreError("the store is closed")
-        self._on_commit.clear()
-        try:
-            result = _translated(functools.partial(_transaction, conn, fn))
-            for action in self._on_commit:
-                action()
-            return result
-        finally:
-            self._on_commit.clear()
-
-
-def _transaction(conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        result = fn(conn)
-        conn.execute("COMMIT")
-    except BaseException:
-        # COMMIT itself can fail (disk full, I/O error) and leave the transaction open.
-        if conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                logger.exception("rollback of a failed SQLite transaction failed")
-        raise
-    return result
+        """Run ``action`` after the running write commits (never on rollback)."""
+        self._writer.on_commit(action)
 
 
 def _translated(fn: Callable[[], T]) -> T:
-    """Call ``fn``, turning sqlite3 and OS errors into ``StoreError``: the one translation point."""
+    """Call ``fn``, turning sqlite3 and OS errors into ``StoreError``."""
     try:
         return fn()
     except (sqlite3.Error, OSError) as exc:
-        logger.warning("SQLite store error: %s", exc)
-        raise StoreError(f"SQLite store failed: {exc}") from exc
+        raise as_store_error(exc) from exc

@@ -1,7 +1,10 @@
 """The embedded default store: one SQLite file, ``<data_dir>/cproxy.db``, in WAL mode.
 
-Durability: every write is one transaction, committed before the call returns, so a 200 from
-the produce call means the messages are in the database. With WAL and ``synchronous="normal"``
+Durability: every write is committed before the call returns, so a 200 from the produce call
+means the messages are in the database. Writes that arrive while the writer is busy share one
+transaction (group commit, see ``_sqlite_writer``), each in its own savepoint so that one
+failing write does not take the others down; ``group_commit=False`` gives each write its own
+transaction again (kept to measure the difference). With WAL and ``synchronous="normal"``
 (the default) a commit is written to the WAL without fsync: it survives the process being
 killed at any moment (SIGKILL, OOM killer), but the last commits can be lost if the machine
 loses power or the kernel crashes. ``synchronous="full"`` fsyncs the WAL on every commit and
@@ -12,7 +15,9 @@ through its own ``CapacityLimiter(1)`` so the event loop never blocks on SQLite.
 run while a write transaction is open. This store is the only writer of its file (a lock file
 keeps other processes out), so the next offset and last ``produced_at_ms`` of every queue are
 cached in memory and are authoritative; they are published only after a successful COMMIT, so
-a failed transaction leaves them untouched.
+a failed transaction leaves them untouched. Inside a group transaction, an append continues from
+the offsets staged by the earlier appends of the same transaction (``Database.tx_state``), and
+dedup sees their ids because they are already in its (uncommitted) view of the tables.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.store._common import check_qid, check_queues, dedup_live, topic_not_found
+from cproxy.store._common import check_qid, check_queues, topic_not_found
+from cproxy.store._sqlite_append import Dedup, plan
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
     SYNCHRONOUS,
@@ -52,15 +58,17 @@ __all__ = ["SqliteStore"]
 
 logger = logging.getLogger(__name__)
 
-#: Prune expired dedup entries after this many new ones, so the cost is amortised over appends.
-_PRUNE_EVERY = 10_000
-
 
 class SqliteStore:
     """The SQLite ``Store``. See the module docstring for durability and concurrency."""
 
     def __init__(
-        self, data_dir: Path, *, synchronous: str = "normal", busy_timeout_ms: int = 5000
+        self,
+        data_dir: Path,
+        *,
+        synchronous: str = "normal",
+        busy_timeout_ms: int = 5000,
+        group_commit: bool = True,
     ) -> None:
         if synchronous.lower() not in SYNCHRONOUS:
             raise ConfigError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
@@ -68,14 +76,14 @@ class SqliteStore:
             Path(data_dir) / "cproxy.db",
             synchronous=synchronous.lower(),
             busy_timeout_ms=busy_timeout_ms,
+            group_commit=group_commit,
         )
         # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
         self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
         self._names: dict[int, str] = {}
         self._next: dict[int, list[int]] = {}  # tid -> next offset per qid
         self._last_ts: dict[int, list[int]] = {}  # tid -> last produced_at_ms per qid
-        self._max_window_ms = 0
-        self._dedup_since_prune = 0
+        self._dedup = Dedup()  # used by the writer thread only
 
     @property
     def path(self) -> Path:
@@ -136,11 +144,13 @@ class SqliteStore:
     def _create_topic_tx(
         self, name: str, queues: int, conn: sqlite3.Connection
     ) -> tuple[TopicInfo, bool]:
-        existing = self._topics.get(name)
+        # Ask the table, not the cache: a create earlier in the same group transaction is
+        # visible here but not yet published.
+        existing = conn.execute("SELECT queues FROM topics WHERE name = ?", (name,)).fetchone()
         if existing is not None:
-            if existing[1] != queues:
+            if existing[0] != queues:
                 raise TopicConflict(
-                    f"topic {name!r} exists with {existing[1]} queues, not {queues}"
+                    f"topic {name!r} exists with {existing[0]} queues, not {queues}"
                 )
             return TopicInfo(name, queues), False
         cur = conn.execute("INSERT INTO topics (name, queues) VALUES (?, ?)", (name, queues))
@@ -172,7 +182,8 @@ class SqliteStore:
         if not messages:
             return []
         return await self._db.write(
-            functools.partial(self._append_tx, tid, messages, now_ms, dedup_window_ms)
+            functools.partial(self._append_tx, tid, messages, now_ms, dedup_window_ms),
+            weight=len(messages),
         )
 
     def _append_tx(
@@ -183,71 +194,37 @@ class SqliteStore:
         window_ms: int,
         conn: sqlite3.Connection,
     ) -> list[AppendResult]:
-        dedup = window_ms > 0
-        known: dict[str, tuple[int, int, int]] = {}
-        if dedup:
-            ids = [m.id for m in messages if m.id is not None]
-            if ids:
-                # One statement for any number of ids: json_each avoids the variable limit.
-                for msg_id, qid, off, ts in conn.execute(
-                    "SELECT id, qid, off, produced_at_ms FROM dedup"
-                    " WHERE tid = ? AND id IN (SELECT value FROM json_each(?))",
-                    (tid, orjson.dumps(ids).decode()),
-                ):
-                    if dedup_live(ts, now_ms, window_ms):
-                        known[msg_id] = (qid, off, ts)
         nexts, lasts = self._next[tid], self._last_ts[tid]
-        new_next: dict[int, int] = {}
-        new_ts: dict[int, int] = {}
-        rows: list[tuple[Any, ...]] = []
-        dedup_rows: list[tuple[int, str, int, int, int]] = []
-        results: list[AppendResult] = []
-        for m in messages:
-            qid = m.qid
-            if dedup and m.id is not None:
-                hit = known.get(m.id)
-                if hit is not None:
-                    results.append(AppendResult(hit[0], hit[1], True, hit[2]))
-                    continue
-            off = new_next.get(qid)
-            if off is None:
-                off = nexts[qid]
-                ts = new_ts[qid] = max(now_ms, lasts[qid])
-            else:
-                ts = new_ts[qid]
-            new_next[qid] = off + 1
-            rows.append((tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json))
-            if dedup and m.id is not None:
-                known[m.id] = (qid, off, ts)
-                dedup_rows.append((tid, m.id, qid, off, ts))
-            results.append(AppendResult(qid, off, False, ts))
+        # (tid, qid) -> (next offset, last produced_at) left by earlier appends of this
+        # transaction: not committed yet, so not in ``nexts``/``lasts``.
+        staged: dict[tuple[int, int], tuple[int, int]] = self._db.tx_state
+        known = self._dedup.known(conn, tid, messages, now_ms, window_ms)
+        out = plan(
+            tid,
+            messages,
+            now_ms,
+            window_ms > 0,
+            known,
+            lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
+        )
         conn.executemany(
             "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            rows,
+            out.rows,
         )
-        if dedup_rows:
-            conn.executemany(
-                "INSERT OR REPLACE INTO dedup (tid, id, qid, off, produced_at_ms)"
-                " VALUES (?, ?, ?, ?, ?)",
-                dedup_rows,
-            )
-            self._max_window_ms = max(self._max_window_ms, window_ms)
-            self._dedup_since_prune += len(dedup_rows)
-            if self._dedup_since_prune >= _PRUNE_EVERY:
-                self._dedup_since_prune = 0
-                cur = conn.execute(
-                    "DELETE FROM dedup WHERE produced_at_ms <= ?", (now_ms - self._max_window_ms,)
-                )
-                logger.debug("pruned %d expired dedup entries", cur.rowcount)
+        self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
+
+        def stage() -> None:
+            for qid, tail in out.tails.items():
+                staged[tid, qid] = tail
 
         def publish() -> None:
-            for qid, nxt in new_next.items():
-                nexts[qid] = nxt
-                lasts[qid] = new_ts[qid]
+            for qid, (nxt, ts) in out.tails.items():
+                nexts[qid], lasts[qid] = nxt, ts
 
+        self._db.on_success(stage)
         self._db.on_commit(publish)
-        return results
+        return out.results
 
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
         tid, queues = self._topic(topic)
