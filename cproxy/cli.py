@@ -19,6 +19,7 @@ import httpx
 
 from cproxy.config import Settings, load_settings
 from cproxy.errors import CproxyError
+from cproxy.logs import configure_logging
 
 logger = logging.getLogger("cproxy")
 
@@ -32,21 +33,13 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def serve(settings: Settings) -> None:
     """Run the service until SIGINT/SIGTERM; shutdown persists every group's progress."""
     import uvicorn
 
     from cproxy.api.app import create_app
 
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, settings.log_format)
     if not settings.auth_enabled:
         if _is_loopback(settings.host):
             logger.warning(
@@ -146,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--data-dir", type=Path)
     s.add_argument("--config", type=Path, help="TOML file (topics, groups, tokens, limits)")
     s.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    s.add_argument("--log-format", choices=["text", "json"])
     for name, helptext in (
         ("topics", "list or create topics"),
         ("groups", "list or show groups"),
@@ -183,6 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                 port=args.port,
                 data_dir=args.data_dir,
                 log_level=args.log_level,
+                log_format=args.log_format,
             )
             serve(settings)
         elif args.command == "topics":

@@ -83,6 +83,8 @@ class Settings:
     #: SQLite ``synchronous``: "normal" survives a process crash, "full" also power loss.
     sqlite_synchronous: Literal["normal", "full"] = "normal"
     log_level: str = "info"
+    #: "text" (key=value lines) or "json" (one object per line).
+    log_format: Literal["text", "json"] = "text"
     limits: Limits = field(default_factory=Limits)
     tokens: tuple[Token, ...] = ()
     #: Topics declared in the config file: name -> queues.
@@ -173,6 +175,10 @@ def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
         elif key == "sqlite_synchronous":
             if value not in ("normal", "full"):
                 raise ConfigError("server.sqlite_synchronous must be 'normal' or 'full'")
+            out[key] = value
+        elif key == "log_format":
+            if value not in ("text", "json"):
+                raise ConfigError("server.log_format must be 'text' or 'json'")
             out[key] = value
         elif key == "log_level":
             if value not in ("debug", "info", "warning", "error"):

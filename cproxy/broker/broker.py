@@ -82,11 +82,11 @@ class Broker:
             config = GroupConfig.from_dict(orjson.loads(raw))
             missing = [t for t in config.topics if t not in self._topics]
             if missing:
-                logger.error("group %s not started: unknown topic(s) %s", name, missing)
+                logger.error("group=%s not started: unknown topic(s) %s", name, missing)
                 continue
             self.groups[name] = await self._open_runner(name, config)
         self.accepting = True
-        logger.info("broker started: %d topics, %d groups", len(self._topics), len(self.groups))
+        logger.info("broker started topics=%d groups=%d", len(self._topics), len(self.groups))
 
     def begin_shutdown(self) -> None:
         """Refuse new work and release waiting long polls (called on SIGTERM/SIGINT)."""
@@ -123,7 +123,7 @@ class Broker:
         info, created = await self.store.create_topic(name, queues)
         self._topics[name] = info
         if created:
-            logger.info("topic %s created with %d queues", name, queues)
+            logger.info("topic=%s created queues=%d", name, queues)
         return info, created
 
     def list_topics(self) -> list[TopicInfo]:
@@ -212,7 +212,7 @@ class Broker:
             if old is not None:
                 await old.close()
             self.groups[name] = await self._open_runner(name, config)
-            logger.info("group %s %s", name, "updated" if old else "created")
+            logger.info("group=%s %s", name, "updated" if old else "created")
             return config, old is None
 
     async def delete_group(self, name: str) -> None:
@@ -221,7 +221,7 @@ class Broker:
             del self.groups[name]
             await runner.close(commit=False)
             await self.store.delete_group(name)
-            logger.info("group %s deleted", name)
+            logger.info("group=%s deleted", name)
 
     def describe_group(self, name: str) -> dict[str, Any]:
         runner = self.group(name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -96,9 +96,7 @@ class GroupRunner:
         operations.redrive(engine, await store.load_redriving(name))
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
-        logger.info(
-            "group %s started: %d queues, %d buffered", name, len(progress), engine.buffered
-        )
+        logger.info("group=%s started queues=%d buffered=%d", name, len(progress), engine.buffered)
         return runner
 
     async def _run(self) -> None:
@@ -106,11 +104,20 @@ class GroupRunner:
             self._scope = scope
             try:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(self._fetcher)
-                    tg.start_soon(self._timer)
-                    tg.start_soon(self._committer)
+                    tg.start_soon(self._supervise, "fetcher", self._fetcher)
+                    tg.start_soon(self._supervise, "timer", self._timer)
+                    tg.start_soon(self._supervise, "committer", self._committer)
             finally:
                 self._closed.set()
+
+    async def _supervise(self, task: str, loop: Callable[[], Awaitable[None]]) -> None:
+        """Keep a background loop alive: a bug in one group must not stop the server."""
+        while True:
+            try:
+                await loop()
+            except Exception:
+                logger.exception("group=%s task=%s crashed; restarting in 1s", self.name, task)
+                await anyio.sleep(1)
 
     def stop_pulls(self) -> None:
         """Make waiting and future long polls return at once."""
@@ -145,7 +152,7 @@ class GroupRunner:
                         )
                         self.engine.on_fetched(request, messages)
             except StoreError as exc:
-                logger.warning("group %s: read failed, retrying in 1s: %s", self.name, exc)
+                logger.warning("group=%s read failed, retrying in 1s: %s", self.name, exc)
                 await anyio.sleep(1)
             if self.engine.has_ready():
                 self._notify_ready()
@@ -202,13 +209,13 @@ class GroupRunner:
                 self.name, batch.progress, batch.dead_letters, batch.redrive_done
             )
         except StoreError as exc:
-            logger.warning("group %s: commit failed, will retry: %s", self.name, exc)
+            logger.warning("group=%s commit failed, will retry: %s", self.name, exc)
             self.engine.requeue(batch)
             return
         self.dead_letter_count += len(batch.dead_letters)
         for dead in batch.dead_letters:
             logger.info(
-                "group %s: dead-lettered %s/%d@%d after %d attempts: %s",
+                "group=%s topic=%s qid=%d offset=%d dead-lettered attempts=%d error=%s",
                 self.name,
                 dead.message.topic,
                 dead.message.qid,
@@ -277,7 +284,7 @@ class GroupRunner:
         operations.seek(self.engine, topic, targets)
         await self.commit()
         self._fetch_kick.set()
-        logger.info("group %s: seek %s to %s", self.name, topic, targets)
+        logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
 
     async def redrive(self, topic: str | None) -> int:
         dead = await self.store.start_redrive(self.name, topic)
@@ -286,7 +293,7 @@ class GroupRunner:
         if self.engine.has_ready():
             self._notify_ready()
         await self.commit()  # dead letters of unsubscribed topics go back
-        logger.info("group %s: redriving %d dead letters", self.name, count)
+        logger.info("group=%s redriving dead_letters=%d", self.name, count)
         return count
 
     def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:

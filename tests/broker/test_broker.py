@@ -187,3 +187,35 @@ async def test_group_update_keeps_progress_and_validation_errors() -> None:
         with pytest.raises(GroupNotFound):
             broker.group("g")
         assert await store.load_progress("g") == {}
+
+
+async def test_a_crashing_background_task_is_restarted(caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    real_read = store.read
+    calls = {"n": 0}
+
+    async def flaky_read(topic: str, qid: int, from_offset: int, max_count: int) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("bug in a read path")
+        return await real_read(topic, qid, from_offset, max_count)
+
+    store.read = flaky_read  # type: ignore[method-assign]
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.produce("t", items("a"), now())  # stored before the group exists
+        await broker.put_group("g", config())
+        with anyio.fail_after(10):
+            got = (await broker.group("g").pull(10, 5000, None, [])).entries
+        assert [e.message.key for e in got] == ["a"]
+    assert "task=fetcher crashed" in caplog.text
+
+
+def test_json_log_lines() -> None:
+    import logging
+
+    from cproxy.logs import JsonFormatter
+
+    record = logging.LogRecord("cproxy.x", logging.INFO, __file__, 1, "group=%s ok", ("g",), None)
+    line = orjson.loads(JsonFormatter().format(record))
+    assert line["msg"] == "group=g ok" and line["level"] == "info" and line["logger"] == "cproxy.x"
