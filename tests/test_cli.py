@@ -107,6 +107,7 @@ def test_bad_config_file_fails_fast_with_a_clear_message(tmp_path: Path) -> None
         capture_output=True,
         text=True,
         timeout=30,
+        check=False,
         env={**os.environ},
     )
     assert out.returncode != 0
