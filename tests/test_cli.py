@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from tests.support import wait_until
+from cproxy.cli import main
+from tests.support import RunningServer, wait_until
 
 
 def free_port() -> int:
@@ -112,3 +115,26 @@ def test_bad_config_file_fails_fast_with_a_clear_message(tmp_path: Path) -> None
     )
     assert out.returncode != 0
     assert "groups.g" in out.stderr and "recursive descent" in out.stderr
+
+
+def test_client_commands_against_a_real_server(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def run(*args: str) -> Any:
+        main([*args[:1], "--url", server.url, *args[1:]])
+        out = capsys.readouterr().out
+        return json.loads(out) if out.lstrip().startswith("{") else out
+
+    assert run("topics", "create", "rides", "--queues", "2") == {"name": "rides", "queues": 2}
+    assert run("topics")["topics"] == [{"name": "rides", "queues": 2}]
+    produced = run("produce", "rides", '{"event": "call"}', "--key", "ride-7", "--id", "e1")
+    assert produced["results"][0]["duplicate"] is False
+    with server.client() as c:
+        c.put("/v1/groups/billing", json={"topics": {"rides": {"order_by": "key"}}})
+    assert run("groups")["groups"] == [{"name": "billing", "topics": ["rides"]}]
+    tailed = run("tail", "billing", "--count", "1")  # one JSON line per message
+    assert tailed["body"] == {"event": "call"} and tailed["key"] == "ride-7"
+    shown = run("groups", "billing")
+    assert shown["stats"]["in_flight"] == 0  # tail acked what it printed
+    with pytest.raises(SystemExit, match="topic_not_found"):
+        main(["produce", "--url", server.url, "nope", "{}"])
