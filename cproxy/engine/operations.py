@@ -124,6 +124,7 @@ class BlockedKey:
             "order_value": self.order_value,
             "qid": self.qid,
             "offset": self.offset,
+            "head_offset": self.offset,  # the contract's name; "offset" kept for symmetry
             "state": self.state,
             "attempts": self.attempts,
             "last_error": self.last_error,

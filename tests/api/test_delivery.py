@@ -123,6 +123,7 @@ def test_a_stuck_or_failing_key_does_not_delay_other_keys(server: RunningServer)
         blocked = client.get("/v1/groups/g/blocked-keys").json()["blocked_keys"]
         by_value = {b["order_value"]: b for b in blocked}
         assert by_value["stuck"]["state"] == "in_flight"
+        assert by_value["stuck"]["head_offset"] == held[0]["offset"]
         assert by_value["stuck"]["waiting"] == 2
         assert by_value["failing"]["state"] in ("retrying", "in_flight")
 
