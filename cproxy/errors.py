@@ -64,6 +64,12 @@ class TooLarge(CproxyError):
     code = "too_large"
 
 
+class UnsupportedMediaType(CproxyError):
+    """The request body is declared as something other than JSON (maps to 415)."""
+
+    code = "unsupported_media_type"
+
+
 class StoreError(CproxyError):
     """The store failed or is unavailable (maps to 503)."""
 

@@ -27,6 +27,7 @@ STATUS: dict[type[errors.CproxyError], int] = {
     errors.NotFound: 404,
     errors.Conflict: 409,
     errors.TooLarge: 413,
+    errors.UnsupportedMediaType: 415,
     errors.StoreError: 503,
     errors.Unauthorized: 401,
     errors.Forbidden: 403,

@@ -16,6 +16,33 @@ import orjson
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
+
+from cproxy.errors import UnsupportedMediaType
+
+#: Content types read as JSON: none given, and curl's default for ``-d``.
+_READ_AS_JSON = (b"", b"application/x-www-form-urlencoded")
+
+
+def _as_json(scope: Scope) -> Scope:
+    """The API speaks only JSON: read bodies sent without a JSON content type as JSON.
+
+    ``curl -d '{...}'`` labels its body form-urlencoded; refusing it would only trip up
+    people trying the API. Any other explicit non-JSON type gets 415.
+    """
+    if scope["method"] in ("GET", "HEAD"):
+        return scope
+    headers = scope["headers"]
+    content_type = next((v for k, v in headers if k == b"content-type"), b"")
+    media = content_type.split(b";")[0].strip().lower()
+    if media == b"application/json" or media.endswith(b"+json"):
+        return scope
+    if media not in _READ_AS_JSON:
+        raise UnsupportedMediaType(
+            f"send JSON (Content-Type: application/json), not {media.decode(errors='replace')}"
+        )
+    rest = [(k, v) for k, v in headers if k != b"content-type"]
+    return {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
 
 
 class _OrjsonRequest(Request):
@@ -32,6 +59,6 @@ class CproxyRoute(APIRoute):
         async def authenticate_then_handle(request: Request) -> Response:
             authorizer = request.app.state.authorizer
             request.state.token = authorizer.identify(request.headers.get("authorization"))
-            return await handler(_OrjsonRequest(request.scope, request.receive))
+            return await handler(_OrjsonRequest(_as_json(request.scope), request.receive))
 
         return authenticate_then_handle

@@ -248,3 +248,15 @@ def test_retrying_and_blocked_keys(four_messages: RunningServer) -> None:
         assert (k["topic"], k["offset"], k["attempts"], k["waiting"]) == ("t", 0, 1, 2)
         assert isinstance(k["blocked_since_ms"], int)
         assert (by_value["j"]["offset"], by_value["j"]["waiting"]) == (3, 0)
+
+
+def test_curl_style_bodies_are_read_as_json_and_other_types_get_415(server: RunningServer) -> None:
+    with server.client() as client:
+        form = {"content-type": "application/x-www-form-urlencoded"}  # what curl -d sends
+        r = client.post("/v1/topics", content=b'{"name": "t", "queues": 1}', headers=form)
+        assert r.status_code == 201, r.text
+        r = client.post("/v1/topics", content=b'{"name": "t", "queues": 1}', headers={})
+        assert r.status_code == 200, r.text
+        r = client.post("/v1/topics", content=b"{}", headers={"content-type": "text/plain"})
+        assert r.status_code == 415
+        assert r.json()["error"]["code"] == "unsupported_media_type"
