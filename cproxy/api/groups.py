@@ -12,7 +12,7 @@ from starlette.responses import Response
 from cproxy.config import GROUP_NAME, Token
 from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
-from cproxy.engine.group import Result
+from cproxy.engine.records import Result
 from cproxy.errors import InvalidRequest
 
 from .auth import require

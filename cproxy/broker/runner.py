@@ -23,8 +23,9 @@ from anyio.abc import TaskGroup
 
 from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
-from cproxy.engine.group import GroupEngine, Result
+from cproxy.engine.group import GroupEngine
 from cproxy.engine.partition import FetchRequest
+from cproxy.engine.records import Result
 from cproxy.engine.sequencer import Entry
 from cproxy.errors import StoreError
 from cproxy.model import Message, MessageRef, QueueProgress, QueueRef

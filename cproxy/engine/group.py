@@ -14,13 +14,12 @@ chain stays blocked; after ``max_attempts`` deliveries the message is dead-lette
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from cproxy.engine.config import GroupConfig
+from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.partition import FetchRequest, Partition
+from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Chain, Entry, ReadyQueue, Sequencer, State
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
@@ -38,40 +37,6 @@ def _is_stuck(head: Entry, now_ms: int) -> bool:
     return head.state is State.IN_FLIGHT and (
         head.attempt > 1 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Result:
-    """Acks and fails for messages of one queue; a fail may carry the handler's error."""
-
-    topic: str
-    qid: int
-    acks: Sequence[int] = ()
-    fails: Sequence[tuple[int, str | None]] = ()
-
-
-@dataclass(slots=True)
-class Counters:
-    """Monotonic per-topic counters, exported as Prometheus counters."""
-
-    delivered: int = 0
-    acked: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    retried: int = 0
-    dead_lettered: int = 0
-
-
-@dataclass(slots=True)
-class CommitBatch:
-    """What the driver must persist in one transaction (``Store.commit``)."""
-
-    progress: dict[QueueRef, QueueProgress] = field(default_factory=dict)
-    dead_letters: list[DeadLetter] = field(default_factory=list)
-    redrive_done: list[MessageRef] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.progress or self.dead_letters or self.redrive_done)
 
 
 class GroupEngine:
@@ -101,9 +66,10 @@ class GroupEngine:
         self.buffered = 0
         self.retrying = 0
         self._extract = {t: ob.extract for t, ob in config.topics.items()}
-        self._timeouts: list[tuple[int, int, Entry]] = []
-        self._retries: list[tuple[int, int, Entry]] = []
-        self._seq = itertools.count()
+        self._timeouts = DeadlineHeap(
+            lambda when, e: e.state is State.IN_FLIGHT and e.deadline_ms == when
+        )
+        self._retries = DeadlineHeap(lambda when, e: e.state is State.RETRYING and e.due_ms == when)
         self._reloads: list[Chain] = []
         self._topic_cursor = 0
         self._fetch_cursor = 0
@@ -313,7 +279,7 @@ class GroupEngine:
                 entry.deadline_ms = deadline
                 if entry.attempt == 1:
                     entry.blocked_since_ms = now_ms
-                heapq.heappush(self._timeouts, (deadline, next(self._seq), entry))
+                self._timeouts.push(deadline, entry)
                 self.in_flight[entry.message.ref] = entry
                 counters.delivered += 1
                 out.append(entry)
@@ -362,52 +328,27 @@ class GroupEngine:
                 unknown.append(ref)
                 continue
             entry.deadline_ms = now_ms + ack_timeout_ms
-            heapq.heappush(self._timeouts, (entry.deadline_ms, next(self._seq), entry))
+            self._timeouts.push(entry.deadline_ms, entry)
             applied += 1
         return applied, unknown
 
     def tick(self, now_ms: int) -> None:
         """Expire ack deadlines and make due retries ready."""
-        timeouts = self._timeouts
-        while timeouts and timeouts[0][0] <= now_ms:
-            deadline, _, entry = heapq.heappop(timeouts)
-            if entry.state is State.IN_FLIGHT and entry.deadline_ms == deadline:
-                del self.in_flight[entry.message.ref]
-                self.counters[entry.message.topic].timed_out += 1
-                self._attempt_failed(entry, "ack timeout", now_ms)
-        retries = self._retries
-        while retries and retries[0][0] <= now_ms:
-            due, _, entry = heapq.heappop(retries)
-            if entry.state is State.RETRYING and entry.due_ms == due:
-                self.retrying -= 1
-                self.ready[entry.message.topic].push(entry, reactivated=True)
+        for entry in self._timeouts.pop_due(now_ms):
+            del self.in_flight[entry.message.ref]
+            self.counters[entry.message.topic].timed_out += 1
+            self._attempt_failed(entry, "ack timeout", now_ms)
+        for entry in self._retries.pop_due(now_ms):
+            self.retrying -= 1
+            self.ready[entry.message.topic].push(entry, reactivated=True)
 
     def _compact_heaps(self) -> None:
-        """Drop stale heap items once they outnumber live ones.
-
-        Acks leave their entry's ack-deadline item in the heap (removing from the middle of a
-        heap is O(n)); without this, finished messages and their bodies would stay in memory
-        until their deadline passed, and memory would grow with rate x ack timeout rather
-        than being bounded by ``max_buffered``.
-        """
-        if len(self._timeouts) > 2 * len(self.in_flight) + 64:
-            self._timeouts = [
-                item
-                for item in self._timeouts
-                if item[2].state is State.IN_FLIGHT and item[2].deadline_ms == item[0]
-            ]
-            heapq.heapify(self._timeouts)
-        if len(self._retries) > 2 * self.retrying + 64:
-            self._retries = [
-                item
-                for item in self._retries
-                if item[2].state is State.RETRYING and item[2].due_ms == item[0]
-            ]
-            heapq.heapify(self._retries)
+        self._timeouts.compact(len(self.in_flight))
+        self._retries.compact(self.retrying)
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work, or None."""
-        times = [heap[0][0] for heap in (self._timeouts, self._retries) if heap]
+        times = [t for t in (self._timeouts.next_ms(), self._retries.next_ms()) if t is not None]
         return min(times) if times else None
 
     # -- finishing -----------------------------------------------------------------------------
@@ -427,7 +368,7 @@ class GroupEngine:
         entry.due_ms = due_ms
         self.retrying += 1
         self.counters[entry.message.topic].retried += 1
-        heapq.heappush(self._retries, (due_ms, next(self._seq), entry))
+        self._retries.push(due_ms, entry)
 
     def dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
@@ -459,7 +400,7 @@ class GroupEngine:
         self._reloads.append(chain)
 
     def retrying_entries(self) -> list[Entry]:
-        return [e for due, _, e in self._retries if e.state is State.RETRYING and e.due_ms == due]
+        return self._retries.live()
 
     # -- persistence ---------------------------------------------------------------------------
     def take_commit(self) -> CommitBatch:

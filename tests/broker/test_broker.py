@@ -15,7 +15,7 @@ import pytest
 from cproxy.broker.broker import Broker, ProduceItem
 from cproxy.config import Settings
 from cproxy.engine.config import GroupConfig
-from cproxy.engine.group import Result
+from cproxy.engine.records import Result
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
 from cproxy.store.memory import MemoryStore
 

@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 
 from cproxy.engine.config import GroupConfig
-from cproxy.engine.group import GroupEngine, Result
+from cproxy.engine.group import GroupEngine
+from cproxy.engine.records import Result
 from cproxy.engine.sequencer import Entry
 from cproxy.model import Message, QueueProgress, QueueRef
 

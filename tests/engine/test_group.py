@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cproxy.engine import operations
-from cproxy.engine.group import Result
+from cproxy.engine.records import Result
 from cproxy.engine.sequencer import State
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, keys, offsets
@@ -154,6 +154,7 @@ def test_finished_messages_are_not_kept_alive_by_deadline_heaps() -> None:
     live = len(h.engine.in_flight) + h.engine.retrying
     # Only live items (plus a small slack) may stay referenced from the heaps.
     assert len(h.engine._timeouts) + len(h.engine._retries) <= 2 * live + 128
+    assert {id(e) for e in h.engine.retrying_entries()} == {id(e) for e in got[:500]}
     for entry in h.engine.retrying_entries():
         assert entry.state is State.RETRYING
 

@@ -1,0 +1,42 @@
+"""Plain records the group engine takes and hands back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from cproxy.model import DeadLetter, MessageRef, QueueProgress, QueueRef
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """Acks and fails for messages of one queue; a fail may carry the handler's error."""
+
+    topic: str
+    qid: int
+    acks: Sequence[int] = ()
+    fails: Sequence[tuple[int, str | None]] = ()
+
+
+@dataclass(slots=True)
+class Counters:
+    """Monotonic per-topic counters, exported as Prometheus counters."""
+
+    delivered: int = 0
+    acked: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+
+
+@dataclass(slots=True)
+class CommitBatch:
+    """What the driver must persist in one transaction (``Store.commit``)."""
+
+    progress: dict[QueueRef, QueueProgress] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    redrive_done: list[MessageRef] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.progress or self.dead_letters or self.redrive_done)
