@@ -209,6 +209,11 @@ class Writer:
         self.writes += len(batch)
         try:
             self._run_transaction(batch)
+        except BaseException as exc:
+            # Not an error of one write (those are all caught): the transaction may be left
+            # open, and the next batch rolls it back (``_ready_connection``).
+            self._last_failure = f"interrupted by {exc!r}"
+            raise
         finally:
             self._current = None
             for job in batch:
@@ -289,16 +294,20 @@ class Writer:
     @staticmethod
     def _fail_all(batch: list[_Job], exc: Exception) -> None:
         """Fail every write of ``batch`` not failed yet (a fresh error each: one per raise)."""
-        logger.warning("SQLite store: a write transaction failed as a whole: %s", exc)
+        pending = [job for job in batch if not job.finished]
+        if not pending:
+            return
+        logger.warning(
+            "SQLite store: %d write(s) failed with their transaction: %s", len(pending), exc
+        )
         if isinstance(exc, StoreError):
             message = exc.message
         elif isinstance(exc, sqlite3.Error | OSError):
             message = f"SQLite store failed: {exc}"
         else:  # a bug in one write (not an SQLite error) still took the whole batch down
             message = f"SQLite store failed: the transaction was rolled back ({exc!r})"
-        for job in batch:
-            if not job.finished:
-                job.fail(_store_error(message, exc))
+        for job in pending:
+            job.fail(_store_error(message, exc))
 
     def _ready_connection(self) -> sqlite3.Connection:
         """The writer connection, outside any transaction: healed or reopened if need be."""

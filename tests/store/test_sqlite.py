@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sqlite3
 import subprocess
@@ -9,22 +10,23 @@ import sys
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from cproxy.errors import ConfigError, StoreError
 from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueProgress
-from cproxy.store import sqlite as sqlite_module
+from cproxy.store import _sqlite_append, _sqlite_writer
 from cproxy.store.sqlite import SqliteStore
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(tmp_path)
+@pytest.fixture(params=[True, False], ids=["group-commit", "one-tx-per-write"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path, group_commit=request.param)
     await s.open()
     yield s
     await s.close()
@@ -164,7 +166,10 @@ async def test_reads_run_concurrently_with_appends(store: SqliteStore) -> None:
                 # Every read sees a committed, gap-free prefix of the log.
                 assert [m.offset for m in batch] == list(range(len(seen), len(seen) + len(batch)))
                 seen.extend(int(m.body_json) for m in batch)
-                await anyio.lowlevel.checkpoint()
+                # Not a bare checkpoint: an event loop that never sleeps drops the GIL only
+                # briefly (in select) and takes it straight back, and the writer thread, which
+                # needs it again after every row it inserts, can lose that race for seconds.
+                await anyio.sleep(0 if batch else 0.0005)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(consume)
@@ -219,7 +224,7 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
         )
     finally:
         conn.close()
-    writer = store._db._writer  # white box: enforcement is a per-connection setting
+    writer = store._db._writer.conn  # white box: enforcement is a per-connection setting
     assert writer is not None
     writer.execute("PRAGMA foreign_keys = ON")
 
@@ -234,7 +239,7 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
 async def test_expired_dedup_entries_are_pruned(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sqlite_module, "_PRUNE_EVERY", 10)
+    monkeypatch.setattr(_sqlite_append, "PRUNE_EVERY", 10)
     await store.create_topic("t", 1)
     await store.append(
         "t", [NewMessage(0, None, b"{}", id=f"old-{i}") for i in range(10)], T0, WINDOW
@@ -311,3 +316,67 @@ async def test_synchronous_full_is_applied(tmp_path: Path) -> None:
         assert level == (2,)  # FULL
     finally:
         await s.close()
+
+
+# -- self-healing writer -----------------------------------------------------------------------
+
+
+async def test_a_writer_left_inside_a_transaction_heals(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.create_topic("t", 1)
+    await store.append("t", [NewMessage(0, None, b"1")], T0, 0)
+    conn = store._db._writer.conn
+    assert conn is not None
+    # What a ROLLBACK that failed after a failed write leaves behind: it used to make every
+    # later BEGIN fail with "cannot start a transaction within a transaction".
+    conn.execute("BEGIN IMMEDIATE")
+    conn.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+    with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
+        assert await store.append("t", [NewMessage(0, None, b"2")], T0, 0) == [AppendResult(0, 1)]
+    assert "still inside a transaction" in caplog.text
+    assert store._db._writer.conn is conn  # the ROLLBACK worked: same connection
+    assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"1", b"2"]
+
+
+class _StuckConnection:
+    """A writer connection inside a transaction that cannot be rolled back."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+        self.in_transaction = True
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql == "ROLLBACK":
+            raise sqlite3.OperationalError("injected: cannot rollback")
+        return self.real.execute(sql, *args)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+async def test_a_writer_that_cannot_roll_back_is_reopened(
+    store: SqliteStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.create_topic("t", 1)
+    writer = store._db._writer
+    assert writer.conn is not None
+    stuck = _StuckConnection(writer.conn)
+    writer.conn = stuck  # type: ignore[assignment]
+    connect, attempts = writer._connect, []
+
+    def flaky_connect() -> sqlite3.Connection:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise sqlite3.OperationalError("injected: cannot open")
+        return connect()
+
+    monkeypatch.setattr(writer, "_connect", flaky_connect)
+    with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
+        # The first reopen fails: that write fails, and the next one tries again.
+        with pytest.raises(StoreError, match="cannot open"):
+            await store.append("t", [NewMessage(0, None, b"1")], T0, 0)
+        assert await store.append("t", [NewMessage(0, None, b"2")], T0, 0) == [AppendResult(0, 0)]
+    assert "reconnecting" in caplog.text and "reopened" in caplog.text
+    assert writer.conn is not stuck and isinstance(writer.conn, sqlite3.Connection)
+    assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"2"]
