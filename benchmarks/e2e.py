@@ -52,7 +52,7 @@ try:
         percentile,
     )
 except ImportError:  # run as a script: benchmarks/ is on sys.path
-    from _common import (  # type: ignore[no-redef]
+    from _common import (  # type: ignore[no-redef,import-not-found,unused-ignore]
         ServerProcess,
         machine_facts,
         markdown_table,
