@@ -257,5 +257,7 @@ class Broker:
         return targets
 
     async def dead_letters(self, name: str, topic: str | None, limit: int) -> list[DeadLetter]:
-        self.group(name)
+        # Flush first: a message just dead-lettered is listed at once (read your writes),
+        # consistent with the group stats, which count pending dead letters too.
+        await self.group(name).commit()
         return await self.store.list_dead_letters(name, topic, limit)
