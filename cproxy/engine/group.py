@@ -172,11 +172,17 @@ class GroupEngine:
             part.end_offset = part.fetch_offset
             return
         tracker = part.tracker
+        limit = self.config.max_buffered
         for message in messages:
             if tracker.is_finished(message.offset):
+                part.fetch_offset = message.offset + 1
                 continue  # finished before a restart
+            if self.buffered >= limit:
+                # An offer() on another queue may have used the space this read was
+                # planned with: stop here and read the rest later.
+                break
             self._admit(Entry(message, None))
-        part.fetch_offset = messages[-1].offset + 1
+            part.fetch_offset = message.offset + 1
         part.end_offset = max(part.end_offset, part.fetch_offset)
 
     def _admit(self, entry: Entry) -> None:

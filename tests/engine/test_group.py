@@ -248,6 +248,21 @@ def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
     assert h.engine.partitions[("t", 0)].end_offset == 7
 
 
+def test_a_planned_read_never_overshoots_the_bound_after_an_offer() -> None:
+    h = Harness(queues=2, max_buffered=4)
+    for _ in range(2):
+        h.produce("a", qid=1)
+    requests = h.engine.plan_fetches(h.now)  # planned while the buffer was empty
+    for i in range(4):
+        h.produce_and_offer(f"k{i}", qid=0)  # offers on queue 0 fill the buffer
+    assert h.engine.buffered == 4
+    for r in requests:
+        queue = h.log[(r.topic, r.qid)]
+        h.engine.on_fetched(r, queue[r.from_offset : r.from_offset + r.max_count])
+    assert h.engine.buffered == 4
+    assert h.engine.partitions[("t", 1)].fetch_offset == 0  # nothing skipped: read again later
+
+
 def test_seek_drops_memory_and_replays() -> None:
     h = Harness(queues=2)
     for q in (0, 1):
