@@ -113,7 +113,7 @@ async def one_run(
     await put_group(admin, group, TOPIC, order, **GROUP_CONFIG)
     limit = None if stall == "none" and order == "key" else args.time_limit
     try:
-        with Probe(pid, None, group) as p:
+        with Probe(pid, args.profile, group) as p:
             stats = await consume(
                 url,
                 group,
@@ -417,10 +417,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--qid-rounds", type=int, help="rounds with qid runs (default 2)")
     parser.add_argument("--pair-rounds", type=int, help="paired rounds (default 5; 1)")
     parser.add_argument("--time-limit", type=float, help="per stall run, s (default 30; 5)")
+    parser.add_argument("--profile", type=Path, help="py-spy each sequential run into DIR")
     parser.add_argument("--max-buffered", type=int, default=10_000, help="of every group")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
     GROUP_CONFIG["max_buffered"] = args.max_buffered
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
     args.messages = args.messages or (6_000 if args.quick else 150_000)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.qid_rounds = args.qid_rounds if args.qid_rounds is not None else (1 if args.quick else 2)

@@ -7,7 +7,10 @@ Workload (as the matrix's base cell): 4 closed-loop producers (batch 100) and 4 
 py-spy records the whole phase at ``--rate`` Hz (non-blocking: the server is not paused).
 
 Layers are assigned from the innermost frame that belongs to a known package (stdlib
-helpers such as typing, enum or functools count for their caller). *Self* time is where the
+helpers such as typing, enum or functools count for their caller). The event loop's own C
+code (uvloop: epoll, socket reads and writes, callback scheduling) shows up as self time of
+``Runner.run``; a worker thread waking up (``Condition.wait`` in ``Queue.get``, i.e. taking
+the GIL back after a hand-off) as thread hand-offs. *Self* time is where the
 innermost frame is; *inclusive* time counts a function once per sample that has it anywhere
 on the stack.
 
@@ -52,18 +55,21 @@ from benchmarks._load import (
     run_loop,
 )
 
-#: (layer, substrings of the frame's file). First match wins, innermost frame first.
+#: (layer, path prefixes of the frame's file as py-spy prints it: relative to sys.path).
+#: First match wins, innermost frame first.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("store: SQLite calls and row mapping", ("cproxy/store/", "sqlite3/")),
     ("engine: chains, offsets, ready queues", ("cproxy/engine/",)),
     ("broker + group runner", ("cproxy/broker/",)),
     ("cproxy API handlers (parse, encode)", ("cproxy/api/",)),
+    ("partitioner (murmur2 of keys)", ("cproxy/partitioner",)),
+    ("cproxy model records", ("cproxy/model",)),
     ("metrics (prometheus_client)", ("cproxy/metrics", "prometheus_client/")),
     ("pydantic validation", ("pydantic/", "pydantic_core/")),
     ("FastAPI routing + dependencies", ("fastapi/",)),
     ("Starlette routing, middleware, responses", ("starlette/",)),
     ("uvicorn / httptools HTTP protocol", ("uvicorn/", "httptools/", "h11/")),
-    ("anyio: task groups, thread hops, events", ("anyio/",)),
+    ("anyio: cancel scopes, events, to_thread", ("anyio/",)),
     ("event loop (uvloop C: socket I/O, scheduling)", ("asyncio/", "uvloop/")),
     (
         "thread hand-offs (worker wake-up, GIL hand-over)",
@@ -71,7 +77,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     ("logging", ("logging/",)),
 )
-#: Generic stdlib helpers: charged to whichever layer called them.
+#: Generic stdlib helpers (path prefixes): charged to whichever layer called them.
 NEUTRAL = (
     "typing.py",
     "enum.py",
@@ -81,10 +87,13 @@ NEUTRAL = (
     "contextlib.py",
     "abc.py",
     "copy.py",
+    "weakref.py",
+    "_weakrefset.py",
     "collections/",
     "json/",
     "re/",
     "<frozen",
+    "<string>",
 )
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^():]*)(?::(?P<line>\d+))?\)$")
 
@@ -98,10 +107,10 @@ def parse_frame(frame: str) -> tuple[str, str]:
 
 def layer_of(frames: list[tuple[str, str]]) -> str:
     for _func, file in reversed(frames):
-        if any(n in file for n in NEUTRAL):
+        if file.startswith(NEUTRAL):
             continue
-        for layer, needles in LAYERS:
-            if any(n in file for n in needles):
+        for layer, prefixes in LAYERS:
+            if file.startswith(prefixes):
                 return layer
         return "other: " + (file.split("/")[-1] or "?")
     return "other"
@@ -120,9 +129,13 @@ def aggregate(raw: str) -> dict[str, Any]:
             continue
         count = int(count_s)
         parts = stack.split(";")
-        thread = parts[0].split(":", 1)[-1].strip() if parts[0].startswith("thread") else "?"
+        if parts[0].startswith("thread"):  # recorded with --threads
+            thread = parts[0].split(":", 1)[-1].strip()
+            parts = parts[1:]
+        else:
+            thread = "MainThread" if parts[0].startswith("<module>") else "?"
         thread = "event loop (MainThread)" if thread == "MainThread" else "worker threads"
-        frames = [parse_frame(p) for p in parts[1:]]
+        frames = [parse_frame(p) for p in parts]
         if not frames:
             continue
         total += count
@@ -227,12 +240,16 @@ def report(out: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="15,000 messages")
-    parser.add_argument("--messages", type=int, help="default 60,000 (15,000 with --quick)")
+    parser.add_argument("--messages", type=int, help="default 200,000 (15,000 with --quick)")
+    parser.add_argument("--aggregate", type=Path, help="only aggregate this raw file")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--raw", type=Path, help="also keep the collapsed stacks here")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    args.messages = args.messages or (15_000 if args.quick else 60_000)
+    args.messages = args.messages or (15_000 if args.quick else 200_000)
+    if args.aggregate is not None:
+        print(json.dumps(aggregate(args.aggregate.read_text()), indent=1))
+        return
     facts = machine_facts()
     root = Path(tempfile.mkdtemp(prefix="cproxy-prof-"))
     server = ServerProcess(root / "data")

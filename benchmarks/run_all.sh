@@ -27,6 +27,7 @@ run matrix -m benchmarks.matrix $QUICK --json "$OUT/matrix.json"
 run isolation -m benchmarks.isolation $QUICK --json "$OUT/isolation.json"
 run memory -m benchmarks.memory $QUICK --json "$OUT/memory.json"
 run scaling -m benchmarks.scaling $QUICK --json "$OUT/scaling.json"
+run isolation_engine -m benchmarks.isolation_engine $QUICK --json "$OUT/isolation_engine.json"
 run profile -m benchmarks.profile_server $QUICK --json "$OUT/profile.json" --raw "$OUT/profile.txt"
 if [ -n "$QUICK" ]; then
   run e2e -m benchmarks.e2e --quick --json "$OUT/e2e.json"
