@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -81,6 +84,26 @@ def git_commit() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit + ("+dirty(cproxy/)" if dirty else "")
+
+
+def run_with_server(
+    prefix: str, run: Callable[[ServerProcess], Coroutine[Any, Any, dict[str, Any]]]
+) -> dict[str, Any]:
+    """Start a server on a temp data dir, run ``run(server)``, always stop and clean up.
+
+    On any failure the server's log is printed first, since that is where the cause is.
+    """
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    server = ServerProcess(root / "data")
+    try:
+        server.start()
+        return run_loop(lambda: run(server))
+    except BaseException:
+        print(server.log(), file=sys.stderr)
+        raise
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def load_average() -> float:

@@ -41,9 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,7 +68,7 @@ from benchmarks._load import (
     median,
     produce,
     put_group,
-    run_loop,
+    run_with_server,
 )
 from cproxy.partitioner import partition_for_key
 
@@ -432,18 +430,8 @@ def main(argv: list[str] | None = None) -> None:
         args.pair_rounds if args.pair_rounds is not None else (1 if args.quick else 5)
     )
     facts = machine_facts()
-    root = Path(tempfile.mkdtemp(prefix="cproxy-iso-"))
-    server = ServerProcess(root / "data")
     started = time.perf_counter()
-    try:
-        server.start()
-        out = run_loop(lambda: run(args, server))
-    except BaseException:
-        print(server.log(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    out = run_with_server("cproxy-iso-", lambda server: run(args, server))
     out["commit"] = git_commit()
     out["machine"] = facts
     out["command"] = " ".join(["python -m benchmarks.isolation", *(argv or sys.argv[1:])])

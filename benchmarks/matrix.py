@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ from benchmarks._load import (
     open_loop_produce,
     produce,
     put_group,
-    run_loop,
+    run_with_server,
 )
 
 QUEUES = 8
@@ -440,18 +439,8 @@ def main(argv: list[str] | None = None) -> None:
     args.peak_messages = 4_000 if args.quick else 30_000
     args.limit_messages = 10_000 if args.quick else 50_000
     facts = machine_facts()
-    root = Path(tempfile.mkdtemp(prefix="cproxy-matrix-"))
-    server = ServerProcess(root / "data")
     started = time.perf_counter()
-    try:
-        server.start()
-        out = run_loop(lambda: run(args, server))
-    except BaseException:
-        print(server.log(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    out = run_with_server("cproxy-matrix-", lambda server: run(args, server))
     out["commit"] = git_commit()
     out["machine"] = facts
     out["command"] = " ".join(["python -m benchmarks.matrix", *(argv or sys.argv[1:])])

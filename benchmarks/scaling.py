@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 import time
@@ -36,7 +35,7 @@ if __package__ in (None, ""):  # run as a file: make the repository importable
 
 from benchmarks import store_raw
 from benchmarks._common import machine_facts, markdown_table
-from benchmarks._load import ServerProcess, git_commit, load_average, median, run_loop
+from benchmarks._load import ServerProcess, git_commit, load_average, median, run_with_server
 from benchmarks.matrix import Cell, run_cell
 
 SIZES = (100, 1_000, 10_000, 100_000)
@@ -200,18 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     args.repeat = args.repeat or (1 if args.quick else 2)
     facts = machine_facts()
-    root = Path(tempfile.mkdtemp(prefix="cproxy-scaling-"))
-    server = ServerProcess(root / "data")
     started = time.perf_counter()
-    try:
-        server.start()
-        out = run_loop(lambda: run(args, server))
-    except BaseException:
-        print(server.log(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    out = run_with_server("cproxy-scaling-", lambda server: run(args, server))
     out["repeat"] = args.repeat
     out["commit"] = git_commit()
     out["machine"] = facts
