@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.group import GroupEngine
-from cproxy.engine.partition import FetchRequest
 from cproxy.model import Message
 
 

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from cproxy.engine.config import GroupConfig
+from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.operations import Operations
-from cproxy.engine.partition import FetchRequest
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Sequencer
@@ -234,9 +234,9 @@ class GroupEngine(Operations):
         if entry.redriven:
             self._pending.redrive_done.append(message.ref)
         else:
-            part = self._reader.partition(message.topic, message.qid)
-            assert part is not None
-            part.tracker.finish(message.offset)
+            cur = self._reader.cursor(message.topic, message.qid)
+            assert cur is not None
+            cur.tracker.finish(message.offset)
         if entry.chain is not None:
             self._seq.head_done(entry.chain)
 
@@ -249,20 +249,20 @@ class GroupEngine(Operations):
     def take_commit(self) -> CommitBatch:
         """Progress of queues changed since the last call, plus pending dead letters."""
         batch, self._pending = self._pending, CommitBatch()
-        for part in self._reader.partitions():
-            if part.tracker.dirty:
-                batch.progress[(part.topic, part.qid)] = part.progress()
-                part.tracker.dirty = False
+        for cur in self._reader.cursors():
+            if cur.tracker.dirty:
+                batch.progress[(cur.topic, cur.qid)] = cur.progress()
+                cur.tracker.dirty = False
         return batch
 
     def requeue(self, batch: CommitBatch) -> None:
         """A commit failed: keep its contents for the next one."""
         for topic, qid in batch.progress:
-            part = self._reader.partition(topic, qid)
-            if part is not None:
-                part.tracker.dirty = True
+            cur = self._reader.cursor(topic, qid)
+            if cur is not None:
+                cur.tracker.dirty = True
         self._pending.dead_letters[:0] = batch.dead_letters
         self._pending.redrive_done[:0] = batch.redrive_done
 
     def progress(self) -> dict[QueueRef, QueueProgress]:
-        return {(p.topic, p.qid): p.progress() for p in self._reader.partitions()}
+        return {(p.topic, p.qid): p.progress() for p in self._reader.cursors()}

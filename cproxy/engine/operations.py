@@ -79,12 +79,12 @@ class Operations:
         count = 0
         for dead in dead_letters:
             message = dead.message
-            part = self._reader.partition(message.topic, message.qid)
-            if part is None:
+            cur = self._reader.cursor(message.topic, message.qid)
+            if cur is None:
                 # No longer subscribed: keep it a plain dead letter.
                 self._pending.dead_letters.append(dead)
                 continue
-            if not part.tracker.is_finished(message.offset):
+            if not cur.tracker.is_finished(message.offset):
                 # A seek put it back in the normal flow: it will be delivered anyway.
                 self._pending.redrive_done.append(message.ref)
                 continue
@@ -168,7 +168,7 @@ class Operations:
         blocked += sum(1 for e in self._exhausted.values() if e.chain is None)
         queues = tuple(
             QueuePosition(p.topic, p.qid, p.tracker.base, p.end_offset, p.lag, p.fetch_offset)
-            for p in self._reader.partitions()
+            for p in self._reader.cursors()
         )
         topics = tuple(
             TopicCounts(

@@ -1,6 +1,6 @@
 """Reading for one group: what to read from the store next, and taking in what was read.
 
-The reader keeps each queue's fetch position and completion tracker (``Partition``) and plans
+The reader keeps each queue's fetch position and completion tracker (``QueueCursor``) and plans
 two kinds of read, both plain range reads ``[from_offset, from_offset + max_count)`` that the
 driver makes and hands back unchanged (``cproxy.broker.drive``):
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from cproxy.engine.partition import FetchRequest, Partition
+from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
@@ -44,11 +44,11 @@ class Reader:
     """Fetch positions and read planning of one group's queues."""
 
     __slots__ = (
-        "_cursor",
+        "_cursors",
         "_extract",
         "_max_buffered",
         "_next_park_check_ms",
-        "_partitions",
+        "_rotation",
         "_seq",
         "_tally",
     )
@@ -62,42 +62,42 @@ class Reader:
         sequencer: Sequencer,
         tally: Tally,
     ) -> None:
-        self._partitions = {
-            ref: Partition(ref[0], ref[1], p, end_offsets.get(ref, 0))
+        self._cursors = {
+            ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0))
             for ref, p in progress.items()
         }
         self._max_buffered = max_buffered
         self._extract = extract
         self._seq = sequencer
         self._tally = tally
-        self._cursor = 0
+        self._rotation = 0
         self._next_park_check_ms = 0
 
-    def partition(self, topic: str, qid: int) -> Partition | None:
-        return self._partitions.get((topic, qid))
+    def cursor(self, topic: str, qid: int) -> QueueCursor | None:
+        return self._cursors.get((topic, qid))
 
-    def partitions(self) -> Iterator[Partition]:
-        return iter(self._partitions.values())
+    def cursors(self) -> Iterator[QueueCursor]:
+        return iter(self._cursors.values())
 
     # -- new messages --------------------------------------------------------------------------
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """The store's next offset for a queue grew (a produce landed)."""
-        part = self._partitions.get((topic, qid))
-        if part is not None and end_offset > part.end_offset:
-            part.end_offset = end_offset
+        cur = self._cursors.get((topic, qid))
+        if cur is not None and end_offset > cur.end_offset:
+            cur.end_offset = end_offset
 
     def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up."""
-        part = self._partitions.get((topic, qid))
-        if part is None or not messages:
+        cur = self._cursors.get((topic, qid))
+        if cur is None or not messages:
             return False
         self.note_end(topic, qid, messages[-1].offset + 1)
         if (
-            part.fetch_offset != messages[0].offset
+            cur.fetch_offset != messages[0].offset
             or self._tally.held + len(messages) > self._max_buffered
         ):
             return False
-        self._take_fetch(part, messages)
+        self._take_fetch(cur, messages)
         return True
 
     # -- planning ------------------------------------------------------------------------------
@@ -108,27 +108,27 @@ class Reader:
         requests: list[FetchRequest] = []
         while space > 0 and (chain := self._seq.next_reload()) is not None:
             for qid, start in sorted(chain.parked.items()):
-                part = self._partitions[(chain.topic, qid)]
-                count = min(RELOAD_SCAN_BATCH, part.fetch_offset - start)
+                cur = self._cursors[(chain.topic, qid)]
+                count = min(RELOAD_SCAN_BATCH, cur.fetch_offset - start)
                 chain.reloading += 1
                 requests.append(
                     FetchRequest(
-                        chain.topic, qid, start, count, part.epoch, chain.value, part.fetch_offset
+                        chain.topic, qid, start, count, cur.epoch, chain.value, cur.fetch_offset
                     )
                 )
                 space -= count
             chain.parked.clear()
-        parts = [p for p in self._partitions.values() if p.fetch_offset < p.end_offset]
-        if not parts or space <= 0:
+        curs = [p for p in self._cursors.values() if p.fetch_offset < p.end_offset]
+        if not curs or space <= 0:
             return requests
-        share = max(1, min(FETCH_BATCH, space // len(parts)))
-        self._cursor = (self._cursor + 1) % len(parts)
-        for part in parts[self._cursor :] + parts[: self._cursor]:
-            count = min(share, space, part.end_offset - part.fetch_offset)
+        share = max(1, min(FETCH_BATCH, space // len(curs)))
+        self._rotation = (self._rotation + 1) % len(curs)
+        for cur in curs[self._rotation :] + curs[: self._rotation]:
+            count = min(share, space, cur.end_offset - cur.fetch_offset)
             if count <= 0:
                 break
             requests.append(
-                FetchRequest(part.topic, part.qid, part.fetch_offset, count, part.epoch)
+                FetchRequest(cur.topic, cur.qid, cur.fetch_offset, count, cur.epoch)
             )
             space -= count
         return requests
@@ -155,17 +155,17 @@ class Reader:
     # -- taking in what was read ---------------------------------------------------------------
     def on_read(self, request: FetchRequest, messages: Sequence[Message]) -> None:
         """Hand back the messages read for ``request``: the store's range, unfiltered."""
-        part = self._partitions.get((request.topic, request.qid))
+        cur = self._cursors.get((request.topic, request.qid))
         if request.is_reload:
-            self._take_reload(request, part, messages)
+            self._take_reload(request, cur, messages)
             return
-        if part is None or part.epoch != request.epoch or part.fetch_offset != request.from_offset:
+        if cur is None or cur.epoch != request.epoch or cur.fetch_offset != request.from_offset:
             return  # planned before a seek, or overtaken by an offer: stale
         if not messages:
             # The store has nothing there (yet): trust it over our notion of the end.
-            part.end_offset = part.fetch_offset
+            cur.end_offset = cur.fetch_offset
             return
-        self._take_fetch(part, messages)
+        self._take_fetch(cur, messages)
 
     def on_read_failed(self, request: FetchRequest) -> None:
         """A planned read failed: a fetch is simply planned again; a reload is re-queued."""
@@ -173,36 +173,36 @@ class Reader:
             return
         assert request.chain_value is not None
         chain = self._seq.chain(request.topic, request.chain_value)
-        part = self._partitions.get((request.topic, request.qid))
+        cur = self._cursors.get((request.topic, request.qid))
         if chain is None:
             return
-        if part is not None and part.epoch == request.epoch:
+        if cur is not None and cur.epoch == request.epoch:
             chain.note_parked(request.qid, request.from_offset)
         self._seq.reload_done(chain)
 
-    def _take_fetch(self, part: Partition, messages: Sequence[Message]) -> None:
-        tracker = part.tracker
+    def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
+        tracker = cur.tracker
         limit = self._max_buffered
         for message in messages:
             if tracker.is_finished(message.offset):
-                part.fetch_offset = message.offset + 1
+                cur.fetch_offset = message.offset + 1
                 continue  # finished before a restart
             if self._tally.held >= limit:
                 # An offer() on another queue may have used the space this read was
                 # planned with: stop here and read the rest later.
                 break
             self._seq.admit(Entry(message), self._extract(message))
-            part.fetch_offset = message.offset + 1
-        part.end_offset = max(part.end_offset, part.fetch_offset)
+            cur.fetch_offset = message.offset + 1
+        cur.end_offset = max(cur.end_offset, cur.fetch_offset)
 
     def _take_reload(
-        self, request: FetchRequest, part: Partition | None, messages: Sequence[Message]
+        self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Message]
     ) -> None:
         assert request.chain_value is not None
         chain = self._seq.chain(request.topic, request.chain_value)
         if chain is None:
             return
-        if part is None or part.epoch != request.epoch:
+        if cur is None or cur.epoch != request.epoch:
             self._seq.reload_done(chain)
             return  # a seek dropped this queue's parked state meanwhile
         # Where the scan stopped: a full read may have more behind it; a short one reached
@@ -215,7 +215,7 @@ class Reader:
             if offset >= request.upto:
                 scanned_to = request.upto
                 break
-            if self._extract(message) != chain.value or part.tracker.is_finished(offset):
+            if self._extract(message) != chain.value or cur.tracker.is_finished(offset):
                 continue
             if self._tally.held >= self._max_buffered:
                 scanned_to = offset  # no room: the rest of the chain stays parked
@@ -229,4 +229,4 @@ class Reader:
     # -- operator actions ----------------------------------------------------------------------
     def reset(self, topic: str, qid: int, offset: int) -> None:
         """Restart a queue at ``offset``: reads planned before are recognised as stale."""
-        self._partitions[(topic, qid)].reset(offset)
+        self._cursors[(topic, qid)].reset(offset)

@@ -8,7 +8,7 @@ from cproxy.engine.offsets import OffsetTracker
 from cproxy.model import QueueProgress
 
 
-class Partition:
+class QueueCursor:
     """One (topic, qid) as seen by one group.
 
     ``fetch_offset`` is the next offset to read from the store; ``end_offset`` the store's
