@@ -28,15 +28,27 @@ UseGroup = Depends(require("use_group"))
 
 
 def _results(items: list[QueueResults]) -> list[Result]:
-    return [
-        Result(
-            r.topic,
-            r.qid,
-            r.acks,
-            [(f, None) if isinstance(f, int) else (f.offset, f.error) for f in r.fails],
-        )
-        for r in items
-    ]
+    out = []
+    for r in items:
+        attempts: dict[int, int] = {}
+        acks = []
+        for a in r.acks:
+            if isinstance(a, int):
+                acks.append(a)
+            else:
+                acks.append(a.offset)
+                if a.attempt is not None:
+                    attempts[a.offset] = a.attempt
+        fails: list[tuple[int, str | None]] = []
+        for f in r.fails:
+            if isinstance(f, int):
+                fails.append((f, None))
+            else:
+                fails.append((f.offset, f.error))
+                if f.attempt is not None:
+                    attempts[f.offset] = f.attempt
+        out.append(Result(r.topic, r.qid, acks, fails, attempts or None))
+    return out
 
 
 @router.get("", summary="List groups (extension)")
@@ -99,8 +111,10 @@ async def ack(group: str, body: Ack, broker: BrokerDep) -> Response:
     dependencies=[UseGroup],
 )
 async def extend(group: str, body: Extend, broker: BrokerDep) -> Response:
-    refs = [(m.topic, m.qid, m.offset) for m in body.messages]
-    return wire.json_response(wire.outcome(broker.extend(group, refs, body.ack_timeout_ms)))
+    refs: list[MessageRef] = [(m.topic, m.qid, m.offset) for m in body.messages]
+    attempts = {(m.topic, m.qid, m.offset): m.attempt for m in body.messages if m.attempt}
+    outcome = broker.extend(group, refs, body.ack_timeout_ms, attempts or None)
+    return wire.json_response(wire.outcome(outcome))
 
 
 @router.post("/{group}/seek", summary="Move the group's position", dependencies=[UseGroup])

@@ -35,17 +35,31 @@ class Produce(_Strict):
     messages: Annotated[list[OutMessage], Field(min_length=1)]
 
 
+#: Delivery attempts start at 1 (see ``attempt`` on pulled messages).
+Attempt = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
+
+
+class AckItem(_Strict):
+    """A fenced ack: it applies only while ``attempt`` is the message's current delivery."""
+
+    offset: NonNegative
+    attempt: Attempt | None = None
+
+
 class FailItem(_Strict):
-    """A fail with the handler's error (the plain form is just the offset)."""
+    """A fail with the handler's error and, to fence it, the attempt it answers."""
 
     offset: NonNegative
     error: Annotated[StrictStr, Field(max_length=4096)] | None = None
+    attempt: Attempt | None = None
 
 
 class QueueResults(_Strict):
+    """Results for one queue. A plain offset is unfenced: it answers the current delivery."""
+
     topic: StrictStr
     qid: NonNegative
-    acks: list[NonNegative] = []
+    acks: list[NonNegative | AckItem] = []
     fails: list[NonNegative | FailItem] = []
 
 
@@ -64,6 +78,8 @@ class MessageRefBody(_Strict):
     topic: StrictStr
     qid: NonNegative
     offset: NonNegative
+    #: Fences the extend to this delivery attempt (optional).
+    attempt: Attempt | None = None
 
 
 class Extend(_Strict):

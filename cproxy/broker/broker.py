@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -310,9 +310,18 @@ class Broker:
         """Apply acks and fails without pulling."""
         return self._runner(name).apply(results)
 
-    def extend(self, name: str, refs: Sequence[MessageRef], ack_timeout_ms: int) -> Outcome:
-        """Push the ack deadline of in-flight messages to now + ``ack_timeout_ms``."""
-        return self._runner(name).extend(refs, ack_timeout_ms)
+    def extend(
+        self,
+        name: str,
+        refs: Sequence[MessageRef],
+        ack_timeout_ms: int,
+        attempts: Mapping[MessageRef, int] | None = None,
+    ) -> Outcome:
+        """Push the ack deadline of in-flight messages to now + ``ack_timeout_ms``.
+
+        ``attempts`` fences the extends (ref -> attempt), as for results.
+        """
+        return self._runner(name).extend(refs, ack_timeout_ms, attempts)
 
     # -- operator actions ----------------------------------------------------------------------
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -256,8 +256,13 @@ class GroupRunner:
             self._timer_kick.set()
         return PullResult(deliveries, applied, unknown)
 
-    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int) -> Outcome:
-        return self._engine.extend(refs, ack_timeout_ms, now_ms())
+    def extend(
+        self,
+        refs: Iterable[MessageRef],
+        ack_timeout_ms: int,
+        attempts: Mapping[MessageRef, int] | None = None,
+    ) -> Outcome:
+        return self._engine.extend(refs, ack_timeout_ms, now_ms(), attempts)
 
     # -- operator calls ------------------------------------------------------------------------
     async def seek(self, topic: str, targets: dict[int, int]) -> None:

@@ -141,17 +141,16 @@ class GroupEngine(Operations):
         """Apply acks and fails of in-flight messages; others are reported unknown."""
         applied = 0
         unknown: list[MessageRef] = []
-        in_flight = self._in_flight
         for result in results:
             for offset in result.acks:
-                entry = in_flight.pop((result.topic, result.qid, offset), None)
+                entry = self._take_in_flight(result, offset)
                 if entry is None:
                     unknown.append((result.topic, result.qid, offset))
                     continue
                 applied += 1
                 self._on_success(entry, now_ms)
             for offset, error in result.fails:
-                entry = in_flight.pop((result.topic, result.qid, offset), None)
+                entry = self._take_in_flight(result, offset)
                 if entry is None:
                     unknown.append((result.topic, result.qid, offset))
                     continue
@@ -160,13 +159,41 @@ class GroupEngine(Operations):
         self._compact_heaps()
         return Outcome(applied, unknown)
 
-    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int, now_ms: int) -> Outcome:
-        """Push the ack deadline of in-flight messages to ``now_ms + ack_timeout_ms``."""
+    def _take_in_flight(self, result: Result, offset: int) -> Entry | None:
+        """The in-flight entry a result answers, removed from flight; None if unknown.
+
+        A fenced result (its attempt named) answers only that delivery: after a timeout
+        and redelivery, a late result for the old attempt must not finish the message
+        while another consumer works on it (docs/guarantees.md, fenced deliveries).
+        """
+        ref = (result.topic, result.qid, offset)
+        entry = self._in_flight.get(ref)
+        if entry is None:
+            return None
+        if result.attempts is not None:
+            attempt = result.attempts.get(offset)
+            if attempt is not None and attempt != entry.attempt:
+                return None
+        del self._in_flight[ref]
+        return entry
+
+    def extend(
+        self,
+        refs: Iterable[MessageRef],
+        ack_timeout_ms: int,
+        now_ms: int,
+        attempts: Mapping[MessageRef, int] | None = None,
+    ) -> Outcome:
+        """Push the ack deadline of in-flight messages to ``now_ms + ack_timeout_ms``.
+
+        ``attempts`` fences extends as for results: naming a superseded attempt is unknown.
+        """
         applied = 0
         unknown: list[MessageRef] = []
         for ref in refs:
             entry = self._in_flight.get(ref)
-            if entry is None:
+            attempt = None if attempts is None else attempts.get(ref)
+            if entry is None or (attempt is not None and attempt != entry.attempt):
                 unknown.append(ref)
                 continue
             entry.deadline_ms = now_ms + ack_timeout_ms

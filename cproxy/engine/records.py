@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cproxy.model import DeadLetter, MessageRef, QueueProgress, QueueRef
@@ -10,12 +10,19 @@ from cproxy.model import DeadLetter, MessageRef, QueueProgress, QueueRef
 
 @dataclass(frozen=True, slots=True)
 class Result:
-    """Acks and fails for messages of one queue; a fail may carry the handler's error."""
+    """Acks and fails for messages of one queue; a fail may carry the handler's error.
+
+    ``attempts`` fences results (offset -> the delivery attempt the result answers): a
+    result naming an attempt that is no longer the current delivery of its message is
+    unknown and changes nothing. Offsets not named there are unfenced: they answer whatever
+    delivery is current.
+    """
 
     topic: str
     qid: int
     acks: Sequence[int] = ()
     fails: Sequence[tuple[int, str | None]] = ()
+    attempts: Mapping[int, int] | None = None
 
 
 @dataclass(slots=True)
