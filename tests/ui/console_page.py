@@ -60,14 +60,33 @@ class ConsolePage:
         return int(value)
 
     def text(self, css: str) -> str:
-        return str(self.driver.find_element(By.CSS_SELECTOR, css).text)
-
-    def texts(self, css: str) -> list[str]:
-        return [str(e.text) for e in self.driver.find_elements(By.CSS_SELECTOR, css)]
+        """The element's rendered text, read in one script turn (so a refresh cannot replace
+        the element half-way through the read); a missing element raises like Selenium."""
+        value = self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]); return e ? e.innerText : null", css
+        )
+        if value is None:
+            raise NoSuchElementException(css)
+        return str(value).strip()
 
     def visible(self, css: str) -> bool:
-        found = self.driver.find_elements(By.CSS_SELECTOR, css)
-        return bool(found) and bool(found[0].is_displayed())
+        return bool(
+            self.driver.execute_script(
+                "const e = document.querySelector(arguments[0]);return !!e && e.checkVisibility()",
+                css,
+            )
+        )
+
+    def attr(self, css: str, name: str) -> str:
+        value = self.driver.execute_script(
+            "const e = document.querySelector(arguments[0]);"
+            "return e ? e.getAttribute(arguments[1]) || '' : null",
+            css,
+            name,
+        )
+        if value is None:
+            raise NoSuchElementException(css)
+        return str(value)
 
     def group(self, name: str) -> str:
         return f'article.group[data-group="{name}"]'

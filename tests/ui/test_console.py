@@ -146,15 +146,19 @@ def test_shows_topics_and_groups_and_numbers_change_live(
     pull_all(client, "live-g", 7)
     page.wait_stat("live-g", "lag", "0")
     page.wait_stat("live-g", "in_flight", "0")
-    assert (
-        page.driver.find_element(By.CSS_SELECTOR, page.group("live-g")).get_attribute(
-            "data-trouble"
-        )
-        == "false"
-    )
+    assert page.attr(page.group("live-g"), "data-trouble") == "false"
 
 
-def test_blocked_key_skip_then_redrive(page: ConsolePage, client: httpx.Client) -> None:
+def screenshot_dir(tmp_path: Path) -> Path:
+    """``$CPROXY_UI_SCREENSHOT_DIR`` (to refresh docs/img), else the test's temp dir."""
+    shots = Path(os.environ.get("CPROXY_UI_SCREENSHOT_DIR") or tmp_path)
+    shots.mkdir(parents=True, exist_ok=True)
+    return shots
+
+
+def test_blocked_key_skip_then_redrive(
+    page: ConsolePage, client: httpx.Client, tmp_path: Path
+) -> None:
     head = exhaust(client, "billing", "rides", "ride-7", "card declined")
     page.open()
     card = page.group("billing")
@@ -163,11 +167,13 @@ def test_blocked_key_skip_then_redrive(page: ConsolePage, client: httpx.Client) 
     page.wait(lambda: "exhausted" in page.text(row) and "card declined" in page.text(row), "row")
     assert page.text(f"{row} td:nth-child(4)") == "2"  # attempts
     assert "1 key blocked for an operator" in page.text(f"{card} header")
-    assert "bad" in (page.driver.find_element(By.CSS_SELECTOR, card).get_attribute("class") or "")
+    assert "bad" in page.attr(card, "class").split()
     assert "1 in trouble" in page.text("#summary")
 
     page.click(f'{row} button[data-action="skip"]')
     assert "Skip key ride-7" in page.text("#confirm-title")
+    shot = screenshot_dir(tmp_path) / "console-skip-confirm.png"
+    assert page.driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
     page.confirm()
     wait_until(lambda: dead_letters(client, "billing"), message="the skipped head dead-lettered")
     [dead] = dead_letters(client, "billing")
@@ -226,11 +232,8 @@ def test_dead_letters_show_body_and_error(
     assert page.text(f"{card} .dead td.body pre").startswith("{")
     page.wait(lambda: "2 in trouble" in page.text("#summary"), "both groups in trouble")
 
-    shots = Path(os.environ.get("CPROXY_UI_SCREENSHOT_DIR") or tmp_path)
-    shots.mkdir(parents=True, exist_ok=True)
-    page.driver.set_window_size(1280, 1100)
-    assert page.driver.save_screenshot(str(shots / "console-trouble.png"))
-    assert (shots / "console-trouble.png").stat().st_size > 10_000
+    shot = screenshot_dir(tmp_path) / "console-trouble.png"
+    assert page.driver.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
 
 
 def test_seek_earliest_offset_and_timestamp(page: ConsolePage, client: httpx.Client) -> None:
