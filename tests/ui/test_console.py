@@ -14,6 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+pytest.importorskip("selenium", reason="selenium is missing: pip install -e '.[dev]'")
+
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
