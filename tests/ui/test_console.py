@@ -134,6 +134,8 @@ def test_shows_topics_and_groups_and_numbers_change_live(
     page.wait(lambda: page.visible(page.group("live-g")), "the group card")
     page.wait_stat("live-g", "lag", "0")
     assert page.text('article.topic[data-topic="live"] h3').startswith("live")
+    assert not page.visible("#cluster-panel")  # this server has no /v1/cluster (404)
+    assert not page.visible('[data-stat="lost_to_retention"]')  # nor the newer stats fields
 
     produce(client, "live", [{"key": f"k{n}", "body": {"n": n}} for n in range(7)])
     page.wait_stat("live-g", "lag", "7")
@@ -332,3 +334,57 @@ def test_polling_pauses_while_the_tab_is_hidden(page: ConsolePage, client: httpx
         "document.dispatchEvent(new Event('visibilitychange'));"
     )
     page.wait_stat("quiet-g", "lag", "1")
+
+
+#: Wraps the page's fetch before its scripts run: answers /v1/cluster and adds the stats and
+#: topic fields that newer servers report, on top of the real server's answers.
+NEWER_SERVER = """
+const realFetch = window.fetch.bind(window);
+const reply = (data) => new Response(JSON.stringify(data),
+  {status: 200, headers: {"content-type": "application/json"}});
+window.fetch = async (url, init) => {
+  const path = new URL(url, location.href).pathname;
+  if (path.endsWith("/v1/cluster")) return reply({node: "n1",
+    members: [{node: "n1", url: "http://127.0.0.1:1", heartbeat_ms_ago: 120}],
+    queues: [{topic: "newer", qid: 0, owner: "n1", state: "owned", epoch: 3},
+             {topic: "newer", qid: 1, owner: null, state: "releasing", epoch: 2}]});
+  const response = await realFetch(url, init);
+  if (!response.ok) return response;
+  if (/[/]v1[/]groups[/][^/]+$/.test(path)) {
+    const d = await response.json();
+    Object.assign(d.stats, {lag_excluding_parked: 0, oldest_unfinished_age_ms: 65000,
+                            lost_to_retention: 3, filtered: 11});
+    return reply(d);
+  }
+  if (/[/]v1[/]topics[/][^/]+$/.test(path)) {
+    const d = await response.json();
+    return reply({...d, retention_ms: 86400000, retention_bytes: null});
+  }
+  return response;
+};
+"""
+
+
+def test_fields_of_newer_servers_are_shown(page: ConsolePage, client: httpx.Client) -> None:
+    """Cluster, retention and the extra stats fields appear when the API sends them (simulated
+    in the browser: this server version does not report them yet)."""
+    create_topic(client, "newer", queues=2)
+    put_group(client, "newer-g", {"newer": "key"})
+    script = page.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+        "Page.addScriptToEvaluateOnNewDocument", {"source": NEWER_SERVER}
+    )
+    try:
+        page.open()
+        page.wait_stat("newer-g", "lost_to_retention", "3")
+        assert page.stat("newer-g", "filtered") == "11"
+        assert page.stat("newer-g", "oldest_unfinished_age_ms") == "1m 05s"
+        assert page.stat("newer-g", "lag_excluding_parked") == "0"
+        assert "3 lost to retention" in page.text(f"{page.group('newer-g')} header")
+        assert "retention 1d 0h" in page.text('article.topic[data-topic="newer"] h3')
+        page.wait(lambda: page.visible("#cluster-panel"), "the cluster panel")
+        assert "This node: n1" in page.text("#cluster")
+        assert "1 not owned" in page.text("#cluster")
+    finally:
+        page.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
+            "Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]}
+        )
