@@ -15,7 +15,7 @@ from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
-from . import errors, groups, health, topics
+from . import errors, groups, health, topics, ui
 from .auth import Authorizer
 from .limits import BodyLimit
 
@@ -62,5 +62,6 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.include_router(topics.router)
     app.include_router(groups.router)
     app.include_router(health.router)
+    app.include_router(ui.router)
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_request_bytes)
     return app
