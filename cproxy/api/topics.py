@@ -9,9 +9,9 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from cproxy.broker.broker import ProduceItem
 from cproxy.config import Limits, Token
 from cproxy.errors import InvalidRequest, TooLarge
+from cproxy.model import NewMessage
 
 from .auth import require
 from .deps import BrokerDep
@@ -62,7 +62,7 @@ async def get_topic(topic: str, broker: BrokerDep) -> Response:
     )
 
 
-def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
+def _encode(body: Produce, limits: Limits) -> list[NewMessage]:
     if len(body.messages) > limits.max_messages_per_call:
         raise TooLarge(
             f"{len(body.messages)} messages in one call; the limit is "
@@ -81,7 +81,7 @@ def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
             raise TooLarge(
                 f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
             )
-        items.append(ProduceItem(body_json, m.key, headers_json, m.id, m.qid))
+        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid))
     return items
 
 

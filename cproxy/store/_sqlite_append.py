@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from cproxy.model import AppendResult, NewMessage
+from cproxy.model import AppendResult, Message, NewMessage
 from cproxy.store._common import dedup_live
 
 logger = logging.getLogger(__name__)
@@ -96,8 +96,10 @@ class Plan:
 
 
 def plan(
+    topic: str,
     tid: int,
     messages: Sequence[NewMessage],
+    qids: Sequence[int],
     now_ms: int,
     dedup: bool,
     known: dict[str, Stored],
@@ -105,13 +107,13 @@ def plan(
 ) -> Plan:
     """Offsets, clamped produced_at and dedup hits of ``messages``.
 
+    ``qids`` are the messages' validated queues (``_common.message_qids``).
     ``tail(qid)`` is the queue's (next offset, last produced_at_ms) before this append;
     ``known`` the live dedup entries of its ids, and it learns the ids stored here, so the
     second of two messages with one id is a duplicate of the first.
     """
     out = Plan()
-    for m in messages:
-        qid = m.qid
+    for qid, m in zip(qids, messages, strict=True):
         if dedup and m.id is not None:
             hit = known.get(m.id)
             if hit is not None:
@@ -128,5 +130,6 @@ def plan(
         if dedup and m.id is not None:
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
-        out.results.append(AppendResult(qid, off, False, ts))
+        message = Message(topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts)
+        out.results.append(AppendResult(qid, off, False, ts, message))
     return out

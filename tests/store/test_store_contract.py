@@ -101,8 +101,8 @@ async def test_append_stores_every_field(store: Store) -> None:
     await store.append(
         "t",
         [
-            NewMessage(1, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1"),
-            NewMessage(1, None, b'"plain"'),
+            NewMessage("ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", qid=1),
+            NewMessage(None, b'"plain"', qid=1),
         ],
         T0,
         WINDOW,
@@ -111,6 +111,29 @@ async def test_append_stores_every_field(store: Store) -> None:
         Message("t", 1, 0, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", T0),
         Message("t", 1, 1, None, b'"plain"', None, None, T0),
     ]
+
+
+async def test_append_results_carry_the_stored_message(store: Store) -> None:
+    await store.create_topic("t", 2)
+    results = await store.append(
+        "t", [new(1, b"1", key="k", id="a"), new(1, b"2", id="a"), new(0, b"3")], T0, WINDOW
+    )
+    assert [r.message for r in results] == [
+        Message("t", 1, 0, "k", b"1", None, "a", T0),
+        None,  # a duplicate: the original is not read back
+        Message("t", 0, 0, None, b"3", None, None, T0),
+    ]
+    assert [r.message for r in results if r.message] == [
+        *await store.read("t", 1, 0, 10),
+        *await store.read("t", 0, 0, 10),
+    ]
+
+
+async def test_append_requires_a_qid(store: Store) -> None:
+    await store.create_topic("t", 2)
+    with pytest.raises(InvalidRequest):
+        await store.append("t", [new(0), NewMessage("k", b"{}")], T0, 0)
+    assert await next_offsets(store, "t") == [0, 0]
 
 
 async def test_append_to_unknown_topic_raises(store: Store) -> None:
