@@ -44,8 +44,9 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
+from cproxy.store._append_plan import plan
 from cproxy.store._common import check_qid, check_queues, message_qids, topic_not_found
-from cproxy.store._sqlite_append import Dedup, plan
+from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
     SYNCHRONOUS,

@@ -1,4 +1,7 @@
-"""The ``Store`` contract (``cproxy/store/base.py``), run against every implementation."""
+"""The ``Store`` contract (``cproxy/store/base.py``), run against every implementation.
+
+The PostgreSQL run needs the ``pg_dsn`` fixture (``conftest.py``): a real server.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +22,22 @@ from cproxy.model import (
 )
 from cproxy.store.base import Store
 from cproxy.store.memory import MemoryStore
+from cproxy.store.postgres import PostgresStore
 from cproxy.store.sqlite import SqliteStore
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "data")
+    s: Store
+    if request.param == "memory":
+        s = MemoryStore()
+    elif request.param == "sqlite":
+        s = SqliteStore(tmp_path / "data")
+    else:
+        s = PostgresStore(request.getfixturevalue("pg_dsn"))
     await s.open()
     yield s
     await s.close()
