@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+
 T = TypeVar("T")
 
 START_TIMEOUT_S = 60.0
@@ -157,7 +159,6 @@ class PgServer:
         for name, value in settings.items():
             args += ["-c", f"{name}={value}"]
         with open(self.log, "ab") as log:
-            # Its own session, so kill() can SIGKILL the postmaster and its backends at once.
             self.process = subprocess.Popen(
                 args, stdout=log, stderr=subprocess.STDOUT, env=_env(), cwd=self.root,
                 start_new_session=True, **self._as_user(),
@@ -189,15 +190,21 @@ class PgServer:
             return "(no log)"
 
     def kill(self) -> None:
-        """SIGKILL the postmaster and every backend, like a crash."""
+        """SIGKILL the postmaster and every backend at once, like a crash of the machine's
+        PostgreSQL (backends are session leaders of their own, so killpg would miss them)."""
         if self.process is None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        try:
+            postmaster = psutil.Process(self.process.pid)
+            victims = [postmaster, *postmaster.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            victims = []
+        for proc in victims:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(signal.SIGKILL)
         self.process.wait(STOP_TIMEOUT_S)
+        psutil.wait_procs(victims, timeout=STOP_TIMEOUT_S)
         self.process = None
-        # Backends notice the dead postmaster within moments; the next start waits for them
-        # by itself (it refuses to start while the old shared memory is attached).
 
     def stop(self) -> None:
         """Fast shutdown (SIGINT); SIGKILL if it does not finish in time."""
