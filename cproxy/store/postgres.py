@@ -37,6 +37,10 @@ never for a rolled-back append); each proxy would ``LISTEN cproxy_append`` on on
 connection and offer the named queues to its groups. Nothing here sends or listens yet.
 
 Foreign errors (asyncpg, OS, timeouts) become ``cproxy.errors.StoreError`` in ``_conn``.
+
+Layout: ``_pg_base`` (settings, pool, topic cache, error translation), ``_pg_log`` (the
+``MessageLog`` half), ``_pg_groups`` (the ``GroupStateStore`` half), ``_pg_sql`` (statements),
+``_pg_schema`` (DDL and versions); offsets are planned by ``_append_plan``, shared with SQLite.
 """
 
 from __future__ import annotations

@@ -21,9 +21,12 @@ from tests.store.pg_server import PgServer, PgUnavailable
 def pg_skip(request: pytest.FixtureRequest, exc: PgUnavailable) -> None:
     """Skip with ``exc`` as the reason, printed on the terminal even without ``-rs``."""
     reason = f"PostgreSQL store tests skipped: {exc}"
-    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(f"\n{reason}", yellow=True)
+    plugins = request.config.pluginmanager
+    reporter = plugins.get_plugin("terminalreporter")
+    capture = plugins.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():  # output is captured during setup
+            reporter.write_line(f"\n{reason}", yellow=True)
     pytest.skip(reason)
 
 
