@@ -39,13 +39,18 @@ class Message:
 
 @dataclass(slots=True)
 class NewMessage:
-    """A message about to be appended; ``qid`` is already chosen by the partitioner."""
+    """A message of a produce call, from the HTTP layer to the store; nothing stored yet.
 
-    qid: int
+    ``qid`` is the queue the producer asked for, or ``None`` to let the broker choose: the
+    broker fills it in place (partitioner by key, else round robin) before ``append``, and
+    stores require it set.
+    """
+
     key: str | None
     body_json: bytes
     headers_json: bytes | None = None
     id: str | None = None
+    qid: int | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +61,9 @@ class AppendResult:
     #: When the stored message was produced (the original's, for a duplicate). Not part of
     #: equality: two results are the same when they name the same stored message.
     produced_at_ms: int = field(default=0, compare=False)
+    #: The ``Message`` as stored, so the broker can hand it to groups without rebuilding it;
+    #: ``None`` for a duplicate (the original is not read back). Not part of equality.
+    message: Message | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

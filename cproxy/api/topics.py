@@ -8,9 +8,9 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from cproxy.broker.broker import ProduceItem
 from cproxy.config import Limits, Token
 from cproxy.errors import InvalidRequest, TooLarge
+from cproxy.model import NewMessage
 
 from . import wire
 from .auth import require
@@ -49,7 +49,7 @@ async def get_topic(topic: str, broker: BrokerDep) -> Response:
     return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
 
 
-def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
+def _encode(body: Produce, limits: Limits) -> list[NewMessage]:
     if len(body.messages) > limits.max_messages_per_call:
         raise TooLarge(
             f"{len(body.messages)} messages in one call; the limit is "
@@ -68,7 +68,7 @@ def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
             raise TooLarge(
                 f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
             )
-        items.append(ProduceItem(body_json, m.key, headers_json, m.id, m.qid))
+        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid))
     return items
 
 

@@ -42,17 +42,6 @@ from .runner import GroupRunner, PullResult
 logger = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
-class ProduceItem:
-    """One message of a produce call, body and headers already JSON-encoded."""
-
-    body_json: bytes
-    key: str | None = None
-    headers_json: bytes | None = None
-    id: str | None = None
-    qid: int | None = None
-
-
 SeekTarget = str | int | dict[str, int]
 
 
@@ -176,47 +165,36 @@ class Broker:
         return await self.store.queue_stats(name)
 
     # -- produce -------------------------------------------------------------------------------
-    async def produce(self, topic: str, items: Sequence[ProduceItem]) -> list[AppendResult]:
-        """Store ``items`` atomically and wake the groups that read ``topic``."""
+    async def produce(self, topic: str, messages: Sequence[NewMessage]) -> list[AppendResult]:
+        """Store ``messages`` atomically and wake the groups that read ``topic``.
+
+        A message without a ``qid`` gets one here, in place: by key, else round robin.
+        """
         self._check_open()
         queues = self.topic(topic).queues
         rr = self._round_robin.setdefault(topic, itertools.count())
-        batch: list[NewMessage] = []
-        for i, item in enumerate(items):
-            if item.qid is not None:
-                if not 0 <= item.qid < queues:
+        for i, m in enumerate(messages):
+            if m.qid is not None:
+                if not 0 <= m.qid < queues:
                     raise InvalidRequest(
-                        f"messages[{i}].qid {item.qid} is out of range: topic {topic!r} has "
+                        f"messages[{i}].qid {m.qid} is out of range: topic {topic!r} has "
                         f"queues 0..{queues - 1}"
                     )
-                qid = item.qid
-            elif item.key is not None:
-                qid = partition_for_key(item.key, queues)
+            elif m.key is not None:
+                m.qid = partition_for_key(m.key, queues)
             else:
-                qid = next(rr) % queues
-            batch.append(NewMessage(qid, item.key, item.body_json, item.headers_json, item.id))
-        results = await self.store.append(topic, batch, now_ms(), self.settings.dedup_window_ms)
+                m.qid = next(rr) % queues
+        results = await self.store.append(topic, messages, now_ms(), self.settings.dedup_window_ms)
         stored: dict[int, list[Message]] = {}
-        for new, result in zip(batch, results, strict=True):
-            if not result.duplicate:
-                stored.setdefault(result.qid, []).append(
-                    Message(
-                        topic,
-                        result.qid,
-                        result.offset,
-                        new.key,
-                        new.body_json,
-                        new.headers_json,
-                        new.id,
-                        result.produced_at_ms,
-                    )
-                )
+        for result in results:
+            if result.message is not None:
+                stored.setdefault(result.qid, []).append(result.message)
         if stored:
             # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
                 if runner.reads(topic):
-                    for qid, messages in stored.items():
-                        runner.offer(topic, qid, messages)
+                    for qid, batch in stored.items():
+                        runner.offer(topic, qid, batch)
         if self._on_produced is not None:
             self._on_produced(topic, sum(not r.duplicate for r in results))
         return results

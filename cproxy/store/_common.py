@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from cproxy.errors import InvalidRequest, TopicNotFound
+from cproxy.model import NewMessage
 
 
 def dedup_live(stored_at_ms: int, now_ms: int, window_ms: int) -> bool:
@@ -21,6 +24,20 @@ def check_qid(topic: str, qid: int, queues: int) -> None:
     """Raise ``InvalidRequest`` unless ``qid`` is a queue of the topic."""
     if not 0 <= qid < queues:
         raise InvalidRequest(f"qid {qid} is outside topic {topic!r} (queues 0..{queues - 1})")
+
+
+def message_qids(topic: str, messages: Sequence[NewMessage], queues: int) -> list[int]:
+    """The qid of every message, in order; ``InvalidRequest`` if one is unset or out of range.
+
+    Stores call this before touching anything, so a bad message fails the whole append.
+    """
+    qids: list[int] = []
+    for i, m in enumerate(messages):
+        if m.qid is None:
+            raise InvalidRequest(f"messages[{i}] has no qid: the broker must choose one first")
+        check_qid(topic, m.qid, queues)
+        qids.append(m.qid)
+    return qids
 
 
 def check_queues(queues: int) -> None:

@@ -1,4 +1,4 @@
-"""The SQLite store's append: assigning offsets, and the dedup table.
+"""The SQLite store's dedup table (offsets are planned by ``_append_plan``).
 
 Runs on the writer thread inside the writer's transaction, so an id recorded by an earlier
 append of the same group transaction is already visible to the next one (same connection),
@@ -9,22 +9,18 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Sequence
 
 import orjson
 
-from cproxy.model import AppendResult, NewMessage
+from cproxy.model import NewMessage
+from cproxy.store._append_plan import Stored
 from cproxy.store._common import dedup_live
 
 logger = logging.getLogger(__name__)
 
 #: Prune expired dedup entries after this many new ones, so the cost is amortised over appends.
 PRUNE_EVERY = 10_000
-
-#: (qid, offset, produced_at_ms) of a stored message.
-Stored = tuple[int, int, int]
 
 
 class Dedup:
@@ -82,51 +78,3 @@ class Dedup:
                 "DELETE FROM dedup WHERE produced_at_ms <= ?", (now_ms - self._max_window_ms,)
             )
             logger.debug("pruned %d expired dedup entries", cur.rowcount)
-
-
-@dataclass
-class Plan:
-    """What one append writes, and what it returns."""
-
-    rows: list[tuple[Any, ...]] = field(default_factory=list)  # ``messages`` columns
-    dedup_rows: list[tuple[int, str, int, int, int]] = field(default_factory=list)
-    results: list[AppendResult] = field(default_factory=list)
-    #: qid -> (next offset, last produced_at_ms) once this append is in.
-    tails: dict[int, tuple[int, int]] = field(default_factory=dict)
-
-
-def plan(
-    tid: int,
-    messages: Sequence[NewMessage],
-    now_ms: int,
-    dedup: bool,
-    known: dict[str, Stored],
-    tail: Callable[[int], tuple[int, int]],
-) -> Plan:
-    """Offsets, clamped produced_at and dedup hits of ``messages``.
-
-    ``tail(qid)`` is the queue's (next offset, last produced_at_ms) before this append;
-    ``known`` the live dedup entries of its ids, and it learns the ids stored here, so the
-    second of two messages with one id is a duplicate of the first.
-    """
-    out = Plan()
-    for m in messages:
-        qid = m.qid
-        if dedup and m.id is not None:
-            hit = known.get(m.id)
-            if hit is not None:
-                out.results.append(AppendResult(hit[0], hit[1], True, hit[2]))
-                continue
-        current = out.tails.get(qid)
-        if current is None:
-            off, last = tail(qid)
-            ts = max(now_ms, last)  # produced_at never goes backwards within a queue
-        else:
-            off, ts = current
-        out.tails[qid] = (off + 1, ts)
-        out.rows.append((tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json))
-        if dedup and m.id is not None:
-            known[m.id] = (qid, off, ts)
-            out.dedup_rows.append((tid, m.id, qid, off, ts))
-        out.results.append(AppendResult(qid, off, False, ts))
-    return out

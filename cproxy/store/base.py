@@ -1,22 +1,45 @@
 """The store interface: where messages and group progress live.
 
 The engine never sees a store; the broker (``cproxy.broker``) drives one. Implementations:
-``memory.MemoryStore`` (tests), ``sqlite.SqliteStore`` (the embedded default) and, later, a
-Kafka backend. Everything is async so a networked backend fits without touching callers.
+``memory.MemoryStore`` (tests), ``sqlite.SqliteStore`` (the embedded default) and
+``postgres.PostgresStore`` (shared by several proxies). Everything is async so a networked
+backend fits without touching callers.
 
-Rules every implementation keeps:
+The interface is two protocols, because the two halves scale differently and a deployment
+may one day put them in different places:
+
+- ``MessageLog``: topics and their queues of messages (append, read, seek by time). Every
+  proxy of a cluster appends to and reads from the same log.
+- ``GroupStateStore``: consumer-group configs, progress, dead letters and redrives. Each
+  group is driven by one proxy at a time, which commits its state here.
+
+``Store`` is both; every implementation so far is a ``Store``. Both halves share ``open``,
+``close`` and ``ping`` (``Lifecycle``), so either can be used on its own.
+
+Rules of the log (``MessageLog``):
 
 - Offsets per (topic, qid) start at 0 and are contiguous and increasing.
 - ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
+- ``append`` requires ``NewMessage.qid`` to be set (the broker's partitioner fills it in); a
+  message with ``qid=None`` raises ``InvalidRequest``. Each ``AppendResult`` carries the stored
+  ``Message`` (``None`` for a duplicate), so callers need not rebuild it.
 - Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
   stored again; its result is the original qid/offset with ``duplicate=True``. Two messages with
   one id in a single call: the second is a duplicate of the first. An entry counts while
   ``now_ms - produced_at_ms < dedup_window_ms``; a window of 0 disables dedup.
 - ``produced_at_ms`` is non-decreasing per queue (the store clamps to the previous value), so
   ``offset_for_time`` can binary-search.
+
+Rules of the group state (``GroupStateStore``):
+
 - ``commit`` writes progress, new dead letters and finished redrives in one transaction;
   ``redrive_done`` is applied before ``dead_letters``, so a redriven message that is
   dead-lettered again stays dead-lettered.
+- Progress and dead letters name topics of the log: an unknown one makes ``commit`` raise
+  ``TopicNotFound`` and write nothing.
+
+Rules of both:
+
 - Unknown topics raise ``TopicNotFound`` (a ``topic`` filter on dead letters just matches
   nothing); a qid outside the topic raises ``InvalidRequest``.
 - Foreign errors are translated to ``cproxy.errors.StoreError`` at this boundary; so is any
@@ -41,7 +64,9 @@ from cproxy.model import (
 )
 
 
-class Store(Protocol):
+class Lifecycle(Protocol):
+    """What both halves share: opening, closing and the health check."""
+
     async def open(self) -> None:
         """Open files/connections and create the schema if needed."""
 
@@ -50,6 +75,10 @@ class Store(Protocol):
 
     async def ping(self) -> bool:
         """True when the store can serve requests (used by ``/readyz``)."""
+
+
+class MessageLog(Lifecycle, Protocol):
+    """Topics and their append-only queues of messages (see the module docstring's rules)."""
 
     # -- topics --------------------------------------------------------------------------------
     async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
@@ -79,6 +108,10 @@ class Store(Protocol):
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         """First offset with ``produced_at_ms >= timestamp_ms`` (``next_offset`` if none)."""
+
+
+class GroupStateStore(Lifecycle, Protocol):
+    """Consumer-group configs, progress, dead letters and redrives."""
 
     # -- groups --------------------------------------------------------------------------------
     async def save_group(self, name: str, config_json: bytes) -> None:
@@ -115,3 +148,7 @@ class Store(Protocol):
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         """Dead letters marked redriving (to resume delivery after a restart)."""
+
+
+class Store(MessageLog, GroupStateStore, Protocol):
+    """A log and the group state in one place: what the broker drives."""

@@ -19,7 +19,13 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.store._common import check_qid, check_queues, dedup_live, topic_not_found
+from cproxy.store._common import (
+    check_qid,
+    check_queues,
+    dedup_live,
+    message_qids,
+    topic_not_found,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -95,29 +101,29 @@ class MemoryStore:
         dedup_window_ms: int,
     ) -> list[AppendResult]:
         t = self._topic(topic)
-        for m in messages:
-            check_qid(topic, m.qid, len(t.queues))
+        qids = message_qids(topic, messages, len(t.queues))
         # Build everything aside first and apply only at the end, so a failure stores nothing.
         pending: dict[int, list[Message]] = {}
         new_ids: dict[str, tuple[int, int, int]] = {}
         results: list[AppendResult] = []
-        for m in messages:
+        for qid, m in zip(qids, messages, strict=True):
             if m.id is not None:
                 hit = new_ids.get(m.id) or t.dedup.get(m.id)
                 if hit is not None and dedup_live(hit[2], now_ms, dedup_window_ms):
                     results.append(AppendResult(hit[0], hit[1], True, hit[2]))
                     continue
-            stored = t.queues[m.qid]
-            batch = pending.setdefault(m.qid, [])
+            stored = t.queues[qid]
+            batch = pending.setdefault(qid, [])
             offset = len(stored) + len(batch)
             last = batch[-1] if batch else (stored[-1] if stored else None)
             produced_at = now_ms if last is None else max(now_ms, last.produced_at_ms)
-            batch.append(
-                Message(topic, m.qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at)
+            message = Message(
+                topic, qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at
             )
+            batch.append(message)
             if m.id is not None and dedup_window_ms > 0:
-                new_ids[m.id] = (m.qid, offset, produced_at)
-            results.append(AppendResult(m.qid, offset, False, produced_at))
+                new_ids[m.id] = (qid, offset, produced_at)
+            results.append(AppendResult(qid, offset, False, produced_at, message))
         for qid, batch in pending.items():
             t.queues[qid].extend(batch)
         for msg_id, entry in new_ids.items():

@@ -44,8 +44,9 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.store._common import check_qid, check_queues, topic_not_found
-from cproxy.store._sqlite_append import Dedup, plan
+from cproxy.store._append_plan import plan
+from cproxy.store._common import check_qid, check_queues, message_qids, topic_not_found
+from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
     SYNCHRONOUS,
@@ -177,19 +178,20 @@ class SqliteStore:
         dedup_window_ms: int,
     ) -> list[AppendResult]:
         tid, queues = self._topic(topic)
-        for m in messages:
-            check_qid(topic, m.qid, queues)
+        qids = message_qids(topic, messages, queues)
         if not messages:
             return []
         return await self._db.write(
-            functools.partial(self._append_tx, tid, messages, now_ms, dedup_window_ms),
+            functools.partial(self._append_tx, topic, tid, messages, qids, now_ms, dedup_window_ms),
             weight=len(messages),
         )
 
     def _append_tx(
         self,
+        topic: str,
         tid: int,
         messages: Sequence[NewMessage],
+        qids: Sequence[int],
         now_ms: int,
         window_ms: int,
         conn: sqlite3.Connection,
@@ -200,8 +202,10 @@ class SqliteStore:
         staged: dict[tuple[int, int], tuple[int, int]] = self._db.tx_state
         known = self._dedup.known(conn, tid, messages, now_ms, window_ms)
         out = plan(
+            topic,
             tid,
             messages,
+            qids,
             now_ms,
             window_ms > 0,
             known,

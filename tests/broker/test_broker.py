@@ -12,11 +12,12 @@ import anyio
 import orjson
 import pytest
 
-from cproxy.broker.broker import Broker, ProduceItem
+from cproxy.broker.broker import Broker
 from cproxy.config import Settings
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
+from cproxy.model import NewMessage
 from cproxy.store.memory import MemoryStore
 
 SETTINGS = replace(Settings(), commit_interval_ms=50)
@@ -34,8 +35,8 @@ async def running(store: MemoryStore, settings: Settings = SETTINGS) -> AsyncIte
             tg.cancel_scope.cancel()
 
 
-def items(*keys: str | None) -> list[ProduceItem]:
-    return [ProduceItem(orjson.dumps({"i": i}), key) for i, key in enumerate(keys)]
+def items(*keys: str | None) -> list[NewMessage]:
+    return [NewMessage(key, orjson.dumps({"i": i})) for i, key in enumerate(keys)]
 
 
 def config(**kw: Any) -> GroupConfig:
@@ -172,7 +173,7 @@ async def test_group_update_keeps_progress_and_validation_errors() -> None:
         with pytest.raises(GroupNotFound):
             broker.describe_group("h")
         with pytest.raises(InvalidRequest):
-            await broker.produce("t", [ProduceItem(b"1", qid=5)])
+            await broker.produce("t", [NewMessage(None, b"1", qid=5)])
         await broker.delete_group("g")
         with pytest.raises(GroupNotFound):
             broker.describe_group("g")

@@ -41,7 +41,7 @@ async def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path / "nested" / "dir")
     await s.open()
     await s.create_topic("t", 2)
-    await s.append("t", [NewMessage(1, "k", b"1", b'{"h":"1"}', "id-1")], T0 + 500, WINDOW)
+    await s.append("t", [NewMessage("k", b"1", b'{"h":"1"}', "id-1", qid=1)], T0 + 500, WINDOW)
     message = (await s.read("t", 1, 0, 1))[0]
     await s.save_group("g", b'{"v":1}')
     await s.commit(
@@ -59,7 +59,10 @@ async def test_everything_survives_close_and_reopen(tmp_path: Path) -> None:
         assert [d.message for d in await s.list_dead_letters("g", None, 10)] == [message]
         # Offsets, produced_at clamping and dedup pick up where they were.
         results = await s.append(
-            "t", [NewMessage(1, None, b"2"), NewMessage(0, None, b"3", id="id-1")], T0, WINDOW
+            "t",
+            [NewMessage(None, b"2", qid=1), NewMessage(None, b"3", id="id-1", qid=0)],
+            T0,
+            WINDOW,
         )
         assert results == [AppendResult(1, 1), AppendResult(1, 0, duplicate=True)]
         assert [m.produced_at_ms for m in await s.read("t", 1, 0, 10)] == [T0 + 500, T0 + 500]
@@ -79,7 +82,7 @@ _CHILD = textwrap.dedent(
         await store.open()
         await store.create_topic("t", 2)
         for i in range(50):
-            batch = [NewMessage(j % 2, None, b"%d" % (i * 4 + j), None, f"id-{i * 4 + j}")
+            batch = [NewMessage(None, b"%d" % (i * 4 + j), None, f"id-{i * 4 + j}", qid=j % 2)
                      for j in range(4)]
             await store.append("t", batch, 1_700_000_000_000 + i, 60_000)
         await store.commit("g", {("t", 0): QueueProgress(17)})
@@ -114,7 +117,10 @@ def test_committed_appends_survive_sigkill(tmp_path: Path) -> None:
             assert [x.next_offset for x in await s.queue_stats("t")] == [100, 100]
             assert await s.load_progress("g") == {("t", 0): QueueProgress(17)}
             again = await s.append(
-                "t", [NewMessage(1, None, b"x", id="id-199"), NewMessage(1, None, b"y")], T0, WINDOW
+                "t",
+                [NewMessage(None, b"x", id="id-199", qid=1), NewMessage(None, b"y", qid=1)],
+                T0,
+                WINDOW,
             )
             assert again == [AppendResult(1, 99, duplicate=True), AppendResult(1, 100)]
         finally:
@@ -136,7 +142,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
 
 async def test_reads_are_not_blocked_by_an_open_write_transaction(store: SqliteStore) -> None:
     await store.create_topic("t", 1)
-    await store.append("t", [NewMessage(0, None, b"committed")], T0, 0)
+    await store.append("t", [NewMessage(None, b"committed", qid=0)], T0, 0)
     other = raw(store.path)
     try:
         other.execute("BEGIN IMMEDIATE")
@@ -156,7 +162,7 @@ async def test_reads_run_concurrently_with_appends(store: SqliteStore) -> None:
     async def produce() -> None:
         for i in range(0, total, 30):
             await store.append(
-                "t", [NewMessage(0, None, b"%d" % n) for n in range(i, i + 30)], T0, 0
+                "t", [NewMessage(None, b"%d" % n, qid=0) for n in range(i, i + 30)], T0, 0
             )
 
     async def consume() -> None:
@@ -179,7 +185,7 @@ async def test_reads_run_concurrently_with_appends(store: SqliteStore) -> None:
 
 async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteStore) -> None:
     await store.create_topic("t", 2)
-    await store.append("t", [NewMessage(0, None, b"0")], T0, WINDOW)
+    await store.append("t", [NewMessage(None, b"0", qid=0)], T0, WINDOW)
     conn = raw(store.path)
     try:
         # Make SQLite itself fail mid-batch, after earlier rows of the call were inserted.
@@ -190,9 +196,9 @@ async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteS
     finally:
         conn.close()
     batch = [
-        NewMessage(0, None, b"1", id="a"),
-        NewMessage(1, None, b"2"),
-        NewMessage(0, None, b"!"),
+        NewMessage(None, b"1", id="a", qid=0),
+        NewMessage(None, b"2", qid=1),
+        NewMessage(None, b"!", qid=0),
     ]
     with pytest.raises(StoreError, match="injected failure") as caught:
         await store.append("t", batch, T0 + 1000, WINDOW)
@@ -200,7 +206,7 @@ async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteS
     assert [s.next_offset for s in await store.queue_stats("t")] == [1, 0]
     assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"0"]
     results = await store.append(
-        "t", [NewMessage(0, None, b"3", id="a"), NewMessage(1, None, b"4")], T0, WINDOW
+        "t", [NewMessage(None, b"3", id="a", qid=0), NewMessage(None, b"4", qid=1)], T0, WINDOW
     )
     assert results == [AppendResult(0, 1), AppendResult(1, 0)]
     # produced_at was not advanced by the failed call either.
@@ -209,7 +215,7 @@ async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteS
 
 async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
     await store.create_topic("t", 1)
-    await store.append("t", [NewMessage(0, None, b"0")], T0, 0)
+    await store.append("t", [NewMessage(None, b"0", qid=0)], T0, 0)
     conn = raw(store.path)
     try:
         # A deferred foreign key is checked at COMMIT: the statements all succeed and then the
@@ -229,10 +235,10 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
     writer.execute("PRAGMA foreign_keys = ON")
 
     with pytest.raises(StoreError, match="FOREIGN KEY"):
-        await store.append("t", [NewMessage(0, None, b"!")], T0 + 1000, 0)
+        await store.append("t", [NewMessage(None, b"!", qid=0)], T0 + 1000, 0)
     assert [s.next_offset for s in await store.queue_stats("t")] == [1]
     assert await store.offset_for_time("t", 0, T0 + 1) == 1
-    assert await store.append("t", [NewMessage(0, None, b"1")], T0, 0) == [AppendResult(0, 1)]
+    assert await store.append("t", [NewMessage(None, b"1", qid=0)], T0, 0) == [AppendResult(0, 1)]
     assert [m.produced_at_ms for m in await store.read("t", 0, 0, 10)] == [T0, T0]
 
 
@@ -242,12 +248,12 @@ async def test_expired_dedup_entries_are_pruned(
     monkeypatch.setattr(_sqlite_append, "PRUNE_EVERY", 10)
     await store.create_topic("t", 1)
     await store.append(
-        "t", [NewMessage(0, None, b"{}", id=f"old-{i}") for i in range(10)], T0, WINDOW
+        "t", [NewMessage(None, b"{}", id=f"old-{i}", qid=0) for i in range(10)], T0, WINDOW
     )
     # The next call crosses the threshold at a time when the old ids have expired.
     later = T0 + WINDOW
     await store.append(
-        "t", [NewMessage(0, None, b"{}", id=f"new-{i}") for i in range(10)], later, WINDOW
+        "t", [NewMessage(None, b"{}", id=f"new-{i}", qid=0) for i in range(10)], later, WINDOW
     )
     conn = raw(store.path)
     try:
@@ -255,7 +261,7 @@ async def test_expired_dedup_entries_are_pruned(
     finally:
         conn.close()
     assert ids == {f"new-{i}" for i in range(10)}
-    assert (await store.append("t", [NewMessage(0, None, b"{}", id="new-3")], later, WINDOW))[
+    assert (await store.append("t", [NewMessage(None, b"{}", id="new-3", qid=0)], later, WINDOW))[
         0
     ].duplicate
 
@@ -325,7 +331,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
     store: SqliteStore, caplog: pytest.LogCaptureFixture
 ) -> None:
     await store.create_topic("t", 1)
-    await store.append("t", [NewMessage(0, None, b"1")], T0, 0)
+    await store.append("t", [NewMessage(None, b"1", qid=0)], T0, 0)
     conn = store._db._writer.conn
     assert conn is not None
     # What a ROLLBACK that failed after a failed write leaves behind: it used to make every
@@ -333,7 +339,9 @@ async def test_a_writer_left_inside_a_transaction_heals(
     conn.execute("BEGIN IMMEDIATE")
     conn.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
     with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
-        assert await store.append("t", [NewMessage(0, None, b"2")], T0, 0) == [AppendResult(0, 1)]
+        assert await store.append("t", [NewMessage(None, b"2", qid=0)], T0, 0) == [
+            AppendResult(0, 1)
+        ]
     assert "still inside a transaction" in caplog.text
     assert store._db._writer.conn is conn  # the ROLLBACK worked: same connection
     assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"1", b"2"]
@@ -375,8 +383,10 @@ async def test_a_writer_that_cannot_roll_back_is_reopened(
     with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
         # The first reopen fails: that write fails, and the next one tries again.
         with pytest.raises(StoreError, match="cannot open"):
-            await store.append("t", [NewMessage(0, None, b"1")], T0, 0)
-        assert await store.append("t", [NewMessage(0, None, b"2")], T0, 0) == [AppendResult(0, 0)]
+            await store.append("t", [NewMessage(None, b"1", qid=0)], T0, 0)
+        assert await store.append("t", [NewMessage(None, b"2", qid=0)], T0, 0) == [
+            AppendResult(0, 0)
+        ]
     assert "reconnecting" in caplog.text and "reopened" in caplog.text
     assert writer.conn is not stuck and isinstance(writer.conn, sqlite3.Connection)
     assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"2"]

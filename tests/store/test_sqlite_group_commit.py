@@ -53,7 +53,9 @@ def raw(path: Path) -> sqlite3.Connection:
 
 def msgs(qid: int, *bodies: str, ids: tuple[str | None, ...] = ()) -> list[NewMessage]:
     ids = ids or (None,) * len(bodies)
-    return [NewMessage(qid, None, b.encode(), None, i) for b, i in zip(bodies, ids, strict=True)]
+    return [
+        NewMessage(None, b.encode(), None, i, qid=qid) for b, i in zip(bodies, ids, strict=True)
+    ]
 
 
 class Calls:
@@ -115,7 +117,7 @@ async def test_concurrent_appends_get_contiguous_offsets_that_match_reads(
     async def producer(task: int) -> None:
         for call in range(15):
             batch = [
-                NewMessage((task + call + i) % 2, f"k{task}", b'"%d-%d-%d"' % (task, call, i))
+                NewMessage(f"k{task}", b'"%d-%d-%d"' % (task, call, i), qid=(task + call + i) % 2)
                 for i in range(1 + (task * 7 + call) % 9)
             ]
             results = await store.append("t", batch, T0 + call, 0)
@@ -369,8 +371,9 @@ _CHILD = textwrap.dedent(
         async def producer(task: int) -> None:
             nonlocal answered
             for call in range(200):
-                batch = [NewMessage((task + i) % 3, None, b'"%d-%d-%d"' % (task, call, i),
-                                    None, f"id-{task}-{call}-{i}") for i in range(1 + call % 5)]
+                batch = [NewMessage(None, b'"%d-%d-%d"' % (task, call, i), None,
+                                    f"id-{task}-{call}-{i}", qid=(task + i) % 3)
+                         for i in range(1 + call % 5)]
                 results = await store.append("t", batch, 1_700_000_000_000, 60_000)
                 # Answered: from here on the caller may rely on it (a 200 would go out now).
                 for m, r in zip(batch, results):

@@ -1,4 +1,7 @@
-"""The ``Store`` contract (``cproxy/store/base.py``), run against every implementation."""
+"""The ``Store`` contract (``cproxy/store/base.py``), run against every implementation.
+
+The PostgreSQL run needs the ``pg_dsn`` fixture (``conftest.py``): a real server.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +22,22 @@ from cproxy.model import (
 )
 from cproxy.store.base import Store
 from cproxy.store.memory import MemoryStore
+from cproxy.store.postgres import PostgresStore
 from cproxy.store.sqlite import SqliteStore
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store = MemoryStore() if request.param == "memory" else SqliteStore(tmp_path / "data")
+    s: Store
+    if request.param == "memory":
+        s = MemoryStore()
+    elif request.param == "sqlite":
+        s = SqliteStore(tmp_path / "data")
+    else:
+        s = PostgresStore(request.getfixturevalue("pg_dsn"))
     await s.open()
     yield s
     await s.close()
@@ -101,8 +111,8 @@ async def test_append_stores_every_field(store: Store) -> None:
     await store.append(
         "t",
         [
-            NewMessage(1, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1"),
-            NewMessage(1, None, b'"plain"'),
+            NewMessage("ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", qid=1),
+            NewMessage(None, b'"plain"', qid=1),
         ],
         T0,
         WINDOW,
@@ -111,6 +121,29 @@ async def test_append_stores_every_field(store: Store) -> None:
         Message("t", 1, 0, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", T0),
         Message("t", 1, 1, None, b'"plain"', None, None, T0),
     ]
+
+
+async def test_append_results_carry_the_stored_message(store: Store) -> None:
+    await store.create_topic("t", 2)
+    results = await store.append(
+        "t", [new(1, b"1", key="k", id="a"), new(1, b"2", id="a"), new(0, b"3")], T0, WINDOW
+    )
+    assert [r.message for r in results] == [
+        Message("t", 1, 0, "k", b"1", None, "a", T0),
+        None,  # a duplicate: the original is not read back
+        Message("t", 0, 0, None, b"3", None, None, T0),
+    ]
+    assert [r.message for r in results if r.message] == [
+        *await store.read("t", 1, 0, 10),
+        *await store.read("t", 0, 0, 10),
+    ]
+
+
+async def test_append_requires_a_qid(store: Store) -> None:
+    await store.create_topic("t", 2)
+    with pytest.raises(InvalidRequest):
+        await store.append("t", [new(0), NewMessage("k", b"{}")], T0, 0)
+    assert await next_offsets(store, "t") == [0, 0]
 
 
 async def test_append_to_unknown_topic_raises(store: Store) -> None:

@@ -1,0 +1,117 @@
+"""The PostgreSQL store's schema, its version check, and the translation of foreign errors.
+
+Kept apart from ``postgres.py`` so that module reads as store logic only. The tables are
+described in ``postgres.py``'s module docstring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import asyncpg
+
+from cproxy.errors import StoreError
+
+if TYPE_CHECKING:
+    from cproxy.store._pg_base import Conn
+
+logger = logging.getLogger(__name__)
+
+#: Bumped by every change of the tables. A later version adds a migration from the one before
+#: to ``MIGRATIONS`` (e.g. version 2: one row per produce call, "record batches").
+SCHEMA_VERSION = 1
+
+#: version -> statements that take a database from ``version - 1`` to ``version``.
+MIGRATIONS: dict[int, tuple[str, ...]] = {}
+
+#: Any fixed number: the transaction-level advisory lock that serialises schema creation
+#: between proxies that open the same database at the same time.
+SCHEMA_LOCK_KEY = 0x63_70_72_6F_78_79  # "cproxy"
+
+TABLES = (
+    "CREATE TABLE cproxy_meta (k text PRIMARY KEY, v text NOT NULL)",
+    """CREATE TABLE topics (
+        tid integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        name text NOT NULL UNIQUE,
+        queues integer NOT NULL CHECK (queues > 0))""",
+    # One row per queue: the offset counter. Appends lock these rows (FOR UPDATE, in qid order)
+    # to allocate offsets, which serialises appends per queue and never across queues.
+    """CREATE TABLE queues (
+        tid integer NOT NULL REFERENCES topics (tid),
+        qid integer NOT NULL,
+        next_offset bigint NOT NULL DEFAULT 0,
+        last_produced_at_ms bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (tid, qid))""",
+    """CREATE TABLE messages (
+        tid integer NOT NULL, qid integer NOT NULL, off bigint NOT NULL,
+        produced_at_ms bigint NOT NULL,
+        key text, id text, headers bytea, body bytea NOT NULL,
+        PRIMARY KEY (tid, qid, off))""",
+    # The produce-dedup index on (topic, id): the newest stored copy of each id.
+    """CREATE TABLE dedup (
+        tid integer NOT NULL, id text NOT NULL,
+        qid integer NOT NULL, off bigint NOT NULL, produced_at_ms bigint NOT NULL,
+        PRIMARY KEY (tid, id))""",
+    "CREATE INDEX dedup_by_time ON dedup (produced_at_ms)",
+    "CREATE TABLE groups (name text PRIMARY KEY, config bytea NOT NULL)",
+    """CREATE TABLE progress (
+        grp text NOT NULL, tid integer NOT NULL REFERENCES topics (tid),
+        qid integer NOT NULL, committed bigint NOT NULL, finished jsonb NOT NULL,
+        PRIMARY KEY (grp, tid, qid))""",
+    """CREATE TABLE dead_letters (
+        grp text NOT NULL, tid integer NOT NULL REFERENCES topics (tid),
+        qid integer NOT NULL, off bigint NOT NULL,
+        key text, id text, headers bytea, body bytea NOT NULL, produced_at_ms bigint NOT NULL,
+        attempts integer NOT NULL, last_error text, dead_lettered_at_ms bigint NOT NULL,
+        redriving boolean NOT NULL,
+        PRIMARY KEY (grp, tid, qid, off))""",
+)
+
+#: Errors that mean "the database failed or cannot be reached".
+FOREIGN_ERRORS: tuple[type[BaseException], ...] = (
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+    OSError,
+    asyncio.TimeoutError,
+)
+
+
+def as_store_error(exc: BaseException) -> StoreError:
+    """A ``StoreError`` describing a foreign error (the caller chains it with ``from``)."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    detail = f"{type(exc).__name__}: {exc}" + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
+    return StoreError(f"PostgreSQL store failed: {detail}")
+
+
+async def ensure_schema(conn: Conn) -> None:
+    """Create the schema in an empty database, migrate an older one, refuse a newer one."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK_KEY)
+        exists = await conn.fetchval("SELECT to_regclass('cproxy_meta') IS NOT NULL")
+        if not exists:
+            for statement in TABLES:
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO cproxy_meta (k, v) VALUES ('schema_version', $1)", str(SCHEMA_VERSION)
+            )
+            logger.info("created PostgreSQL store schema v%d", SCHEMA_VERSION)
+            return
+        raw = await conn.fetchval("SELECT v FROM cproxy_meta WHERE k = 'schema_version'")
+        version = int(raw) if raw is not None else 0
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the database has schema version {version}, newer than version "
+                f"{SCHEMA_VERSION} that this cproxy understands; upgrade cproxy to open it"
+            )
+        for target in range(version + 1, SCHEMA_VERSION + 1):
+            if target not in MIGRATIONS:
+                raise StoreError(f"the database has schema version {version}, with no migration")
+            for statement in MIGRATIONS[target]:
+                await conn.execute(statement)
+            await conn.execute(
+                "UPDATE cproxy_meta SET v = $1 WHERE k = 'schema_version'", str(target)
+            )
+            logger.info("migrated PostgreSQL store schema to v%d", target)

@@ -1,0 +1,69 @@
+"""The PostgreSQL store's longer statements, kept apart so ``postgres.py`` reads as logic.
+
+Multi-row writes pass one array per column and ``unnest`` them: one statement, one round trip
+and one plan (asyncpg prepares and caches it) for any number of rows.
+"""
+
+from __future__ import annotations
+
+#: Advisory locks on (tid, id key), taken in the order of the array (callers sort it): a function
+#: scan over ``unnest`` yields, and so locks, in array order.
+LOCK_IDS = "SELECT pg_advisory_xact_lock($1::int, k) FROM unnest($2::int[]) AS k"
+
+#: Lock the offset counters of the queues an append writes to. ``ORDER BY`` runs below the row
+#: locking, so rows are locked in qid order: the fixed order that keeps appenders deadlock-free.
+LOCK_QUEUES = (
+    "SELECT qid, next_offset, last_produced_at_ms FROM queues"
+    " WHERE tid = $1 AND qid = ANY($2::int[]) ORDER BY qid FOR UPDATE"
+)
+
+INSERT_MESSAGES = (
+    "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
+    " SELECT $1, u.* FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],"
+    " $7::bytea[], $8::bytea[]) AS u"
+)
+
+UPDATE_QUEUES = (
+    "UPDATE queues q SET next_offset = u.n, last_produced_at_ms = u.ts"
+    " FROM unnest($2::int[], $3::bigint[], $4::bigint[]) AS u(qid, n, ts)"
+    " WHERE q.tid = $1 AND q.qid = u.qid"
+)
+
+INSERT_DEDUP = (
+    "INSERT INTO dedup (tid, id, qid, off, produced_at_ms)"
+    " SELECT $1, u.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS u"
+    " ON CONFLICT (tid, id) DO UPDATE SET qid = excluded.qid, off = excluded.off,"
+    " produced_at_ms = excluded.produced_at_ms"
+)
+
+UPSERT_PROGRESS = (
+    "INSERT INTO progress (grp, tid, qid, committed, finished)"
+    " SELECT $1, u.tid, u.qid, u.c, u.f::jsonb"
+    " FROM unnest($2::int[], $3::int[], $4::bigint[], $5::text[]) AS u(tid, qid, c, f)"
+    " ON CONFLICT (grp, tid, qid) DO UPDATE"
+    " SET committed = excluded.committed, finished = excluded.finished"
+)
+
+DELETE_DEAD_LETTERS = (
+    "DELETE FROM dead_letters d"
+    " USING unnest($2::int[], $3::int[], $4::bigint[]) AS u(tid, qid, off)"
+    " WHERE d.grp = $1 AND d.tid = u.tid AND d.qid = u.qid AND d.off = u.off"
+)
+
+UPSERT_DEAD_LETTERS = (
+    "INSERT INTO dead_letters (grp, tid, qid, off, key, id, headers, body, produced_at_ms,"
+    " attempts, last_error, dead_lettered_at_ms, redriving)"
+    " SELECT $1, u.* FROM unnest($2::int[], $3::int[], $4::bigint[], $5::text[], $6::text[],"
+    " $7::bytea[], $8::bytea[], $9::bigint[], $10::int[], $11::text[], $12::bigint[],"
+    " $13::bool[]) AS u"
+    " ON CONFLICT (grp, tid, qid, off) DO UPDATE SET key = excluded.key, id = excluded.id,"
+    " headers = excluded.headers, body = excluded.body, produced_at_ms = excluded.produced_at_ms,"
+    " attempts = excluded.attempts, last_error = excluded.last_error,"
+    " dead_lettered_at_ms = excluded.dead_lettered_at_ms, redriving = excluded.redriving"
+)
+
+#: A dead letter as ``postgres._dead_letter`` reads it: ``d`` is dead_letters, ``t`` topics.
+DEAD_LETTER_COLUMNS = (
+    "t.name, d.qid, d.off, d.key, d.body, d.headers, d.id, d.produced_at_ms,"
+    " d.attempts, d.last_error, d.dead_lettered_at_ms, d.redriving"
+)

@@ -1,0 +1,56 @@
+"""The PostgreSQL store: one database shared by every proxy of a cluster (asyncpg).
+
+Install with the ``postgres`` extra (``pip install 'cproxy[postgres]'``). ``PostgresStore(dsn)``
+is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore`` protocols of
+``base.py``) and keeps the same rules as the SQLite and memory stores.
+
+Schema (version 1; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
+``_pg_schema.MIGRATIONS`` is where a later version adds its migration):
+
+- ``topics (tid, name, queues)`` and ``queues (tid, qid, next_offset, last_produced_at_ms)``:
+  one row per queue holds its offset counter and the last ``produced_at_ms`` (for clamping).
+- ``messages (tid, qid, off, produced_at_ms, key, id, headers, body)``, primary key
+  ``(tid, qid, off)``: a read is one range scan of that index. One row per message; record
+  batches (one row per produce call) are a later schema version.
+- ``dedup (tid, id, qid, off, produced_at_ms)``, primary key ``(tid, id)``: the newest stored
+  copy of each id, pruned now and then once older than the largest window seen.
+- ``groups (name, config)``, ``progress (grp, tid, qid, committed, finished)`` and
+  ``dead_letters (grp, tid, qid, off, <message columns>, attempts, ..., redriving)``.
+
+Append, and why it cannot deadlock: one transaction per call. With dedup on, it first takes a
+transaction-level advisory lock per id (``(tid, hash(id))``, in sorted order), so two proxies
+appending the same id cannot both miss the other's copy; then it reads the live dedup entries,
+then locks the ``queues`` rows it appends to with ``SELECT ... ORDER BY qid FOR UPDATE``, inserts
+the messages (one multi-row ``INSERT ... SELECT FROM unnest``), records the ids, advances the
+counters and commits. Every appender takes its locks in the same global order (ids, then qids),
+so there is no cycle to deadlock on; appends to different queues only share the id locks.
+Offsets come from the locked counter, so they are contiguous, and a reader can never see a gap:
+the next append to a queue waits for the previous one's COMMIT.
+
+Durability: sessions run with ``synchronous_commit = on``, so a returned append is in the WAL on
+disk (as far as the server's ``fsync`` setting makes it so).
+
+Wake-ups across proxies (later): a produce on one proxy must wake long polls on the others. The
+hook is the append transaction: a ``SELECT pg_notify('cproxy_append', '<tid>:<qid>:<next>')``
+per touched queue just before COMMIT is delivered exactly when the messages become visible (and
+never for a rolled-back append); each proxy would ``LISTEN cproxy_append`` on one dedicated
+connection and offer the named queues to its groups. Nothing here sends or listens yet.
+
+Foreign errors (asyncpg, OS, timeouts) become ``cproxy.errors.StoreError`` in ``_conn``.
+
+Layout: ``_pg_base`` (settings, pool, topic cache, error translation), ``_pg_log`` (the
+``MessageLog`` half), ``_pg_groups`` (the ``GroupStateStore`` half), ``_pg_sql`` (statements),
+``_pg_schema`` (DDL and versions); offsets are planned by ``_append_plan``, shared with SQLite.
+"""
+
+from __future__ import annotations
+
+from cproxy.store._pg_groups import PgGroupState
+from cproxy.store._pg_log import PgLog
+
+__all__ = ["PostgresStore"]
+
+
+class PostgresStore(PgLog, PgGroupState):
+    """The PostgreSQL ``Store``: both halves over one pool (see ``_pg_base.PgBase`` for the
+    constructor's settings). Usable between ``open()`` and ``close()``."""

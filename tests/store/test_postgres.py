@@ -1,0 +1,277 @@
+"""What the PostgreSQL store adds to the shared contract: several proxies on one database,
+the schema version, session settings, unreachable servers, and surviving a server crash."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import anyio
+import asyncpg
+import pytest
+
+from cproxy.errors import ConfigError, StoreError, TopicNotFound
+from cproxy.model import AppendResult, NewMessage, QueueProgress, TopicInfo
+from cproxy.store.postgres import PostgresStore
+from tests.store.conftest import pg_skip
+from tests.store.pg_server import PgServer, PgUnavailable, free_port
+
+T0 = 1_700_000_000_000
+WINDOW = 60_000
+R = TypeVar("R")
+
+
+@pytest.fixture
+async def store(pg_dsn: str) -> AsyncIterator[PostgresStore]:
+    s = PostgresStore(pg_dsn)
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def sql(dsn: str, statement: str) -> object:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(statement)
+    finally:
+        await conn.close()
+
+
+def msg(qid: int, body: bytes, msg_id: str | None = None) -> NewMessage:
+    return NewMessage(None, body, id=msg_id, qid=qid)
+
+
+# -- settings and schema ---------------------------------------------------------------------
+
+
+def test_settings_are_validated_eagerly() -> None:
+    with pytest.raises(ConfigError):
+        PostgresStore("sqlite:///x")
+    with pytest.raises(ConfigError):
+        PostgresStore("postgresql://h/db", min_connections=5, max_connections=2)
+    with pytest.raises(ConfigError):
+        PostgresStore("postgresql://h/db", command_timeout_ms=0)
+
+
+async def test_sessions_commit_synchronously_whatever_the_database_default(pg_dsn: str) -> None:
+    database = pg_dsn.rsplit("/", 1)[1]
+    await sql(pg_dsn, f'ALTER DATABASE "{database}" SET synchronous_commit = off')
+    assert await sql(pg_dsn, "SHOW synchronous_commit") == "off"
+    s = PostgresStore(pg_dsn)
+    await s.open()
+    try:
+        async with s._conn() as conn:
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+    finally:
+        await s.close()
+
+
+async def test_schema_version_is_recorded_and_a_newer_one_is_refused(pg_dsn: str) -> None:
+    s = PostgresStore(pg_dsn)
+    await s.open()
+    await s.create_topic("t", 2)
+    await s.close()
+    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "1"
+    await s.open()  # an existing schema of our version opens as it is
+    assert await s.list_topics() == [TopicInfo("t", 2)]
+    await s.close()
+    await sql(pg_dsn, "UPDATE cproxy_meta SET v = '99' WHERE k = 'schema_version'")
+    with pytest.raises(StoreError, match="newer"):
+        await s.open()
+    assert not await s.ping()
+
+
+async def test_unreachable_server_raises_store_error() -> None:
+    s = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/x", connect_timeout_ms=2000)
+    with pytest.raises(StoreError):
+        await s.open()
+    assert not await s.ping()
+
+
+# -- several proxies on one database ---------------------------------------------------------
+
+
+async def test_a_second_proxy_sees_topics_and_continues_offsets(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    other = PostgresStore(pg_dsn)
+    await other.open()
+    try:
+        with pytest.raises(TopicNotFound):
+            await other.queue_stats("t")  # a miss is not cached
+        await store.create_topic("t", 2)
+        assert await other.create_topic("t", 2) == (TopicInfo("t", 2), False)
+        await store.append("t", [msg(0, b"1"), msg(1, b"2", "a")], T0, WINDOW)
+        results = await other.append("t", [msg(0, b"3"), msg(0, b"4", "a")], T0, WINDOW)
+        assert results == [AppendResult(0, 1), AppendResult(1, 0, duplicate=True)]
+        assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"1", b"3"]
+        await other.commit("g", {("t", 0): QueueProgress(2)})
+        assert await store.load_progress("g") == {("t", 0): QueueProgress(2)}
+    finally:
+        await other.close()
+
+
+async def test_concurrent_appenders_on_several_proxies_never_deadlock(pg_dsn: str) -> None:
+    """Batches spanning queues in every order, from three pools at once: offsets stay
+    contiguous, each result names the stored message, nothing deadlocks (a deadlock would
+    surface as a StoreError)."""
+    stores = [PostgresStore(pg_dsn, max_connections=4) for _ in range(3)]
+    for s in stores:
+        await s.open()
+    await stores[0].create_topic("t", 4)
+    answered: list[tuple[NewMessage, AppendResult]] = []
+
+    async def producer(task: int) -> None:
+        rng = random.Random(task)
+        s = stores[task % len(stores)]
+        for call in range(25):
+            batch = [msg(rng.randrange(4), b'"%d-%d-%d"' % (task, call, i)) for i in range(1, 7)]
+            results = await s.append("t", batch, T0 + call, 0)
+            answered.extend(zip(batch, results, strict=True))
+
+    try:
+        with anyio.fail_after(120):
+            async with anyio.create_task_group() as tg:
+                for task in range(9):
+                    tg.start_soon(producer, task)
+        stored = {
+            (m.qid, m.offset): m for q in range(4) for m in await stores[1].read("t", q, 0, 10_000)
+        }
+        for q in range(4):
+            assert sorted(off for qid, off in stored if qid == q) == list(
+                range(len([1 for qid, _ in stored if qid == q]))
+            )
+        assert len(stored) == len(answered) == 9 * 25 * 6
+        for new, result in answered:
+            assert result.message == stored[result.qid, result.offset]
+            assert result.message.body_json == new.body_json
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_one_id_appended_at_once_through_several_proxies_is_stored_once(
+    pg_dsn: str,
+) -> None:
+    stores = [PostgresStore(pg_dsn) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    await stores[0].create_topic("t", 4)
+    results: list[AppendResult] = []
+
+    async def produce(i: int) -> None:
+        # Each call also appends to another queue, so the calls overlap in the queues they lock.
+        batch = [msg(i, b"other-%d" % i), msg((i + 1) % 4, b"same-%d" % i, "the-id")]
+        results.append((await stores[i].append("t", batch, T0, WINDOW))[1])
+
+    try:
+        for _ in range(5):
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(produce, i)
+        originals = [r for r in results if not r.duplicate]
+        assert len(originals) == 1
+        assert all((r.qid, r.offset) == (originals[0].qid, originals[0].offset) for r in results)
+        bodies = [m.body_json for q in range(4) for m in await stores[0].read("t", q, 0, 100)]
+        assert sum(b.startswith(b"same-") for b in bodies) == 1
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_appends_over_many_queues_and_large_batches(store: PostgresStore) -> None:
+    await store.create_topic("t", 64)
+    batch = [msg(i % 64, b'{"i":%d}' % i, f"id-{i}") for i in range(5000)]
+    results = await store.append("t", batch, T0, WINDOW)
+    assert Counter(r.qid for r in results) == Counter(i % 64 for i in range(5000))
+    assert [s.next_offset for s in await store.queue_stats("t")] == [79] * 8 + [78] * 56
+    again = await store.append("t", batch[:10], T0 + 1, WINDOW)
+    assert all(r.duplicate for r in again)
+    assert [(r.qid, r.offset) for r in again] == [(r.qid, r.offset) for r in results[:10]]
+
+
+# -- crash of the server ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_server(request: pytest.FixtureRequest) -> Iterator[PgServer]:
+    """A server of the test's own (it gets killed), with fsync on as in production."""
+    root = Path(tempfile.mkdtemp(prefix="cproxy-pg-kill-"))
+    try:
+        server = PgServer.start(root, fsync=True)
+    except PgUnavailable as exc:
+        pg_skip(request, exc)
+    try:
+        yield server
+    finally:
+        server.destroy()
+
+
+async def eventually(call: Callable[[], Awaitable[R]], timeout_s: float = 30.0) -> R:
+    """``call()``'s result once it stops raising ``StoreError`` (polling, with a deadline)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call()
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            await anyio.sleep(0.05)
+
+
+@pytest.mark.slow
+async def test_acknowledged_appends_survive_a_server_sigkill(own_server: PgServer) -> None:
+    dsn = own_server.create_database()
+    store = PostgresStore(dsn, max_connections=8, command_timeout_ms=10_000)
+    await store.open()
+    await store.create_topic("t", 3)
+    acked: list[tuple[list[NewMessage], list[AppendResult]]] = []
+    cut: list[int] = []
+
+    async def producer(task: int) -> None:
+        for call in itertools.count():
+            batch = [
+                msg((task + i) % 3, b'"%d-%d-%d"' % (task, call, i), f"id-{task}-{call}-{i}")
+                for i in range(1 + call % 5)
+            ]
+            try:
+                results = await store.append("t", batch, T0 + call, WINDOW)
+            except StoreError:
+                cut.append(task)  # the server died under this call: it may or may not be in
+                return
+            acked.append((batch, results))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg:
+            for task in range(6):
+                tg.start_soon(producer, task)
+            while len(acked) < 150:
+                await anyio.sleep(0.01)
+            # Mid-stream: six producers are appending right now.
+            await anyio.to_thread.run_sync(own_server.kill)
+    assert sorted(cut) == list(range(6))
+    await anyio.to_thread.run_sync(own_server.start_again)  # crash recovery
+
+    # The same store serves again once the server is back (the pool reconnects).
+    stats = await eventually(lambda: store.queue_stats("t"))
+    stored = {(m.qid, m.offset): m for s in stats for m in await store.read("t", s.qid, 0, 10_000)}
+    await store.close()
+    for s in stats:
+        assert sorted(off for qid, off in stored if qid == s.qid) == list(range(s.next_offset))
+    for batch, results in acked:
+        for new, result in zip(batch, results, strict=True):
+            assert stored[result.qid, result.offset].body_json == new.body_json
+    # Each call is all or nothing, the ones cut by the kill included.
+    per_call: defaultdict[bytes, int] = defaultdict(int)
+    for m in stored.values():
+        per_call[m.body_json.rsplit(b"-", 1)[0]] += 1
+    for call_key, count in per_call.items():
+        call = int(call_key.split(b"-")[1])
+        assert count == 1 + call % 5, call_key
+    assert len(stored) >= sum(len(b) for b, _ in acked)
