@@ -7,7 +7,6 @@ custom collector, so the hot path only bumps plain integers. Only the two histog
 
 from __future__ import annotations
 
-from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -20,8 +19,6 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-from cproxy.engine import operations
 
 if TYPE_CHECKING:
     from cproxy.broker.broker import Broker
@@ -75,23 +72,17 @@ class _EngineCollector(Collector):
                 ("retrying_messages", "Messages waiting for a retry"),
             )
         }
-        for name, runner in list(self._broker.groups.items()):
-            engine = runner.engine
-            in_flight = Tally(ref[0] for ref in engine.in_flight)
-            lag = Tally[str]()
-            for part in engine.partitions.values():
-                lag[part.topic] += part.lag
-            for topic, tally in engine.counters.items():
+        for name, stats in self._broker.group_stats():
+            for t in stats.topics:
                 for counter in _COUNTERS:
-                    counters[counter].add_metric([name, topic], getattr(tally, counter))
-                gauges["ready"].add_metric([name, topic], engine.ready[topic].size)
-                gauges["in_flight"].add_metric([name, topic], in_flight[topic])
-                gauges["lag"].add_metric([name, topic], lag[topic])
-            stats = operations.stats(engine)
-            group_gauges["waiting_messages"].add_metric([name], stats["waiting"])
-            group_gauges["blocked_keys"].add_metric([name], stats["blocked_keys"])
-            group_gauges["buffered_messages"].add_metric([name], stats["buffered"])
-            group_gauges["retrying_messages"].add_metric([name], stats["retrying"])
+                    counters[counter].add_metric([name, t.topic], getattr(t, counter))
+                gauges["ready"].add_metric([name, t.topic], t.ready)
+                gauges["in_flight"].add_metric([name, t.topic], t.in_flight)
+                gauges["lag"].add_metric([name, t.topic], t.lag)
+            group_gauges["waiting_messages"].add_metric([name], stats.waiting)
+            group_gauges["blocked_keys"].add_metric([name], stats.blocked_keys)
+            group_gauges["buffered_messages"].add_metric([name], stats.buffered)
+            group_gauges["retrying_messages"].add_metric([name], stats.retrying)
         yield from counters.values()
         yield from gauges.values()
         yield from group_gauges.values()

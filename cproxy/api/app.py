@@ -34,6 +34,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         settings,
         ack_latency_for=metrics.ack_latency_observer,
         on_produced=metrics.on_produced,
+        on_pull=metrics.observe_pull,
     )
     metrics.attach(broker)
 

@@ -24,8 +24,10 @@ from typing import Literal
 
 from fastapi import Request
 
+from cproxy.broker.broker import GroupSummary
 from cproxy.config import Settings, Token
 from cproxy.errors import Forbidden, Unauthorized
+from cproxy.model import TopicInfo
 
 Action = Literal["read_topics", "create_topic", "produce", "use_group", "delete_group"]
 
@@ -55,6 +57,20 @@ class Authorizer:
             if hmac.compare_digest(secret.encode(), presented.encode()):
                 return token
         raise Unauthorized("unknown token")
+
+    def visible_topics(self, token: Token | None, topics: Iterable[TopicInfo]) -> list[TopicInfo]:
+        """The topics a token may see in a listing (the same rule as reading one)."""
+        if token is None or token.role == "admin" or token.topics is None:
+            return list(topics)
+        return [t for t in topics if t.name in token.topics]
+
+    def visible_groups(
+        self, token: Token | None, groups: Iterable[GroupSummary]
+    ) -> list[GroupSummary]:
+        """The groups a token may see in a listing."""
+        if token is None or token.role == "admin":
+            return list(groups)
+        return [g for g in groups if token.groups is None or g.name in token.groups]
 
     def check(
         self,
@@ -89,9 +105,7 @@ def require(action: Action) -> Callable[[Request], Awaitable[Token | None]]:
         group = params.get("group")
         if group is not None and action == "use_group":
             # A group hands out every topic it reads: the token must cover all of them.
-            runner = request.app.state.broker.groups.get(group)
-            if runner is not None:
-                topics += list(runner.engine.config.topics)
+            topics += request.app.state.broker.group_topics(group) or []
         authorizer.check(token, action, topics, group)
         return token
 

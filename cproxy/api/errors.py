@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from cproxy import errors
 
-from .responses import error_response
+from .wire import error as error_response
 
 logger = logging.getLogger(__name__)
 

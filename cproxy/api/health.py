@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from .responses import json_response
+from .deps import BrokerDep
+from .wire import json_response
 
 router = APIRouter(tags=["health"])
 
@@ -16,9 +17,8 @@ async def healthz() -> Response:
 
 
 @router.get("/readyz", summary="The store is open and the broker takes work")
-async def readyz(request: Request) -> Response:
-    broker = request.app.state.broker
-    if broker.accepting and await broker.store.ping():
+async def readyz(broker: BrokerDep) -> Response:
+    if await broker.ready():
         return json_response({"status": "ready"})
     return json_response({"status": "unavailable"}, 503)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .responses import error_response
+from .wire import error as error_response
 
 
 class BodyLimit:

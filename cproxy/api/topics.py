@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Annotated
 
 import orjson
@@ -13,9 +12,9 @@ from cproxy.broker.broker import ProduceItem
 from cproxy.config import Limits, Token
 from cproxy.errors import InvalidRequest, TooLarge
 
+from . import wire
 from .auth import require
 from .deps import BrokerDep
-from .responses import json_response
 from .routing import CproxyRoute
 from .schemas import CreateTopic, Produce
 
@@ -31,35 +30,23 @@ async def create_topic(
 ) -> Response:
     request.app.state.authorizer.check(token, "create_topic", [body.name])
     info, created = await broker.create_topic(body.name, body.queues)
-    return json_response({"name": info.name, "queues": info.queues}, 201 if created else 200)
+    return wire.json_response(wire.topic(info), 201 if created else 200)
 
 
 @router.get("", summary="List topics (those in the token's scope)")
 async def list_topics(
-    broker: BrokerDep, token: Annotated[Token | None, Depends(require("read_topics"))]
+    request: Request,
+    broker: BrokerDep,
+    token: Annotated[Token | None, Depends(require("read_topics"))],
 ) -> Response:
-    visible = [
-        t
-        for t in broker.list_topics()
-        if token is None or token.topics is None or token.role == "admin" or t.name in token.topics
-    ]
-    return json_response({"topics": [{"name": t.name, "queues": t.queues} for t in visible]})
+    visible = request.app.state.authorizer.visible_topics(token, broker.list_topics())
+    return wire.json_response(wire.topics(visible))
 
 
 @router.get("/{topic}", summary="Describe a topic", dependencies=[Depends(require("read_topics"))])
 async def get_topic(topic: str, broker: BrokerDep) -> Response:
     info = broker.topic(topic)
-    stats = await broker.queue_stats(topic)
-    return json_response(
-        {
-            "name": info.name,
-            "queues": info.queues,
-            "queue_stats": [
-                {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
-                for s in stats
-            ],
-        }
-    )
+    return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
 
 
 def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
@@ -92,7 +79,5 @@ def _encode(body: Produce, limits: Limits) -> list[ProduceItem]:
 )
 async def produce(topic: str, body: Produce, request: Request, broker: BrokerDep) -> Response:
     items = _encode(body, request.app.state.settings.limits)
-    results = await broker.produce(topic, items, time.time_ns() // 1_000_000)
-    return json_response(
-        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
-    )
+    results = await broker.produce(topic, items)
+    return wire.json_response(wire.produce_results(results))

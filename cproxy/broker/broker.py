@@ -1,6 +1,8 @@
 """The broker: topics, produce routing and the live consumer groups over one store.
 
-The HTTP layer talks only to this class. It owns the store's lifecycle and one
+The HTTP layer and the metrics talk only to this class (a facade, as aiokafka's consumer is
+over its fetcher and coordinator): every group call takes the group's name, and what comes
+back are frozen snapshots. It owns the clock (``clock.now_ms``), the store's lifecycle and one
 ``GroupRunner`` per consumer group, and it tells runners when a produce lands so that long
 polls return promptly without anyone polling the store.
 """
@@ -9,23 +11,33 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import orjson
 from anyio.abc import TaskGroup
 
 from cproxy.config import Settings
-from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
+from cproxy.engine.records import Result
+from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
-from cproxy.model import AppendResult, DeadLetter, Message, NewMessage, QueueStats, TopicInfo
+from cproxy.model import (
+    AppendResult,
+    DeadLetter,
+    Message,
+    MessageRef,
+    NewMessage,
+    QueueStats,
+    TopicInfo,
+)
 from cproxy.partitioner import partition_for_key
 from cproxy.store.base import Store
 
-from .runner import GroupRunner
+from .clock import now_ms
+from .runner import GroupRunner, PullResult
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +56,22 @@ class ProduceItem:
 SeekTarget = str | int | dict[str, int]
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    name: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A group's effective config and state; ``dead_lettered`` counts stored + pending."""
+
+    name: str
+    config: GroupConfig
+    stats: GroupStats
+    dead_lettered: int
+
+
 class Broker:
     """Start with ``start(task_group)``; stop with ``stop()``."""
 
@@ -53,7 +81,10 @@ class Broker:
         settings: Settings,
         ack_latency_for: Callable[[str], Callable[[float], None]] | None = None,
         on_produced: Callable[[str, int], None] | None = None,
+        on_pull: Callable[[str, float], None] | None = None,
     ) -> None:
+        """``ack_latency_for(group)`` gives an observer of produce-to-ack seconds;
+        ``on_produced(topic, count)`` and ``on_pull(group, seconds)`` feed metrics."""
         self.store = store
         self.settings = settings
         self.groups: dict[str, GroupRunner] = {}
@@ -63,6 +94,7 @@ class Broker:
         self._group_lock = anyio.Lock()
         self._ack_latency_for = ack_latency_for
         self._on_produced = on_produced
+        self._on_pull = on_pull
         self.accepting = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -114,6 +146,10 @@ class Broker:
             self._ack_latency_for(name) if self._ack_latency_for else None,
         )
 
+    async def ready(self) -> bool:
+        """The broker takes work and its store answers (``/readyz``)."""
+        return self.accepting and await self.store.ping()
+
     def _check_open(self) -> None:
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
@@ -140,9 +176,7 @@ class Broker:
         return await self.store.queue_stats(name)
 
     # -- produce -------------------------------------------------------------------------------
-    async def produce(
-        self, topic: str, items: Sequence[ProduceItem], now_ms: int
-    ) -> list[AppendResult]:
+    async def produce(self, topic: str, items: Sequence[ProduceItem]) -> list[AppendResult]:
         """Store ``items`` atomically and wake the groups that read ``topic``."""
         self._check_open()
         queues = self.topic(topic).queues
@@ -161,7 +195,7 @@ class Broker:
             else:
                 qid = next(rr) % queues
             batch.append(NewMessage(qid, item.key, item.body_json, item.headers_json, item.id))
-        results = await self.store.append(topic, batch, now_ms, self.settings.dedup_window_ms)
+        results = await self.store.append(topic, batch, now_ms(), self.settings.dedup_window_ms)
         stored: dict[int, list[Message]] = {}
         for new, result in zip(batch, results, strict=True):
             if not result.duplicate:
@@ -180,7 +214,7 @@ class Broker:
         if stored:
             # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
-                if topic in runner.engine.config.topics:
+                if runner.reads(topic):
                     for qid, messages in stored.items():
                         runner.offer(topic, qid, messages)
         if self._on_produced is not None:
@@ -188,12 +222,24 @@ class Broker:
         return results
 
     # -- groups --------------------------------------------------------------------------------
-    def group(self, name: str) -> GroupRunner:
+    def _runner(self, name: str) -> GroupRunner:
         self._check_open()
         runner = self.groups.get(name)
         if runner is None:
             raise GroupNotFound(f"group {name!r} does not exist")
         return runner
+
+    def list_groups(self) -> list[GroupSummary]:
+        """Every live group with the topics it reads, by name."""
+        return [
+            GroupSummary(name, tuple(sorted(self.groups[name].config.topics)))
+            for name in sorted(self.groups)
+        ]
+
+    def group_topics(self, name: str) -> list[str] | None:
+        """The topics a group reads, or None for an unknown group (for scope checks)."""
+        runner = self.groups.get(name)
+        return None if runner is None else list(runner.config.topics)
 
     async def put_group(self, name: str, config: GroupConfig) -> tuple[GroupConfig, bool]:
         """Create or update a group; returns ``(config, created)``.
@@ -206,7 +252,7 @@ class Broker:
             self.topic(topic)
         async with self._group_lock:
             old = self.groups.get(name)
-            if old is not None and old.engine.config == config:
+            if old is not None and old.config == config:
                 return config, False
             await self.store.save_group(name, orjson.dumps(config.to_dict()))
             if old is not None:
@@ -217,23 +263,63 @@ class Broker:
 
     async def delete_group(self, name: str) -> None:
         async with self._group_lock:
-            runner = self.group(name)
+            runner = self._runner(name)
             del self.groups[name]
             await runner.close(commit=False)
             await self.store.delete_group(name)
             logger.info("group=%s deleted", name)
 
-    def describe_group(self, name: str) -> dict[str, Any]:
-        runner = self.group(name)
-        stats = operations.stats(runner.engine)
-        stats["dead_lettered"] = runner.dead_letter_count + len(runner.engine.pending.dead_letters)
-        return {"name": name, "config": runner.engine.config.to_dict(), "stats": stats}
+    def describe_group(self, name: str) -> GroupView:
+        """A group's effective config and a snapshot of its state."""
+        runner = self._runner(name)
+        stats = runner.stats()
+        dead = runner.dead_letter_count + stats.pending_dead_letters
+        return GroupView(name, runner.config, stats, dead)
 
+    def group_stats(self) -> list[tuple[str, GroupStats]]:
+        """A snapshot of every live group (for metrics)."""
+        return [(name, runner.stats()) for name, runner in list(self.groups.items())]
+
+    # -- consuming -----------------------------------------------------------------------------
+    async def pull(
+        self,
+        name: str,
+        max_messages: int,
+        wait_ms: int,
+        topics: Sequence[str] | None,
+        results: Sequence[Result],
+    ) -> PullResult:
+        """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``)."""
+        limits = self.settings.limits
+        if max_messages > limits.max_pull_messages:
+            raise InvalidRequest(f"max_messages must be at most {limits.max_pull_messages}")
+        if wait_ms > limits.max_wait_ms:
+            raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
+        runner = self._runner(name)
+        if topics is not None:
+            unknown = [t for t in topics if not runner.reads(t)]
+            if unknown:
+                raise InvalidRequest(f"group {name!r} does not read topic(s) {unknown}")
+        started = time.perf_counter()
+        result = await runner.pull(max_messages, wait_ms, topics, results)
+        if self._on_pull is not None:
+            self._on_pull(name, time.perf_counter() - started)
+        return result
+
+    def ack(self, name: str, results: Sequence[Result]) -> Outcome:
+        """Apply acks and fails without pulling."""
+        return self._runner(name).apply(results)
+
+    def extend(self, name: str, refs: Sequence[MessageRef], ack_timeout_ms: int) -> Outcome:
+        """Push the ack deadline of in-flight messages to now + ``ack_timeout_ms``."""
+        return self._runner(name).extend(refs, ack_timeout_ms)
+
+    # -- operator actions ----------------------------------------------------------------------
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
         """Move a group's position on one queue (or all queues) of ``topic``."""
-        runner = self.group(name)
+        runner = self._runner(name)
         self.topic(topic)
-        if topic not in runner.engine.config.topics:
+        if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         stats = {s.qid: s for s in await self.store.queue_stats(topic)}
         if qid is not None and qid not in stats:
@@ -256,8 +342,36 @@ class Broker:
         await runner.seek(topic, targets)
         return targets
 
+    async def commit(self, name: str) -> None:
+        """Persist the group's progress and dead letters now (normally every interval)."""
+        await self._runner(name).commit()
+
     async def dead_letters(self, name: str, topic: str | None, limit: int) -> list[DeadLetter]:
         # Flush first: a message just dead-lettered is listed at once (read your writes),
         # consistent with the group stats, which count pending dead letters too.
-        await self.group(name).commit()
+        await self.commit(name)
         return await self.store.list_dead_letters(name, topic, limit)
+
+    async def redrive(self, name: str, topic: str | None) -> int:
+        """Deliver the group's dead letters (of ``topic``, or all) again; returns how many."""
+        return await self._runner(name).redrive(topic)
+
+    def blocked_keys(
+        self, name: str, topic: str | None, min_blocked_ms: int, limit: int
+    ) -> list[BlockedKey]:
+        """Heads not finished, blocked at least ``min_blocked_ms``, longest first."""
+        cutoff = now_ms() - min_blocked_ms
+        rows = self._runner(name).blocked_keys(topic)
+        return [r for r in rows if r.blocked_since_ms <= cutoff][:limit]
+
+    def skip(
+        self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
+    ) -> MessageRef:
+        """Dead-letter a retrying or exhausted head (by order value, or by ref if unordered)."""
+        return self._runner(name).skip(topic, order_value, ref)
+
+    def release(
+        self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
+    ) -> MessageRef:
+        """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
+        return self._runner(name).release(topic, order_value, ref)

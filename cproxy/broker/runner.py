@@ -21,29 +21,25 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskGroup
 
-from cproxy.engine import operations
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
-from cproxy.engine.partition import FetchRequest
 from cproxy.engine.records import Result
-from cproxy.engine.sequencer import Entry
+from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import StoreError
 from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
+from .clock import now_ms
+from .drive import fetch_round
+
 logger = logging.getLogger(__name__)
-
-#: Messages scanned per store read while reloading a parked chain.
-RELOAD_SCAN_BATCH = 2000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class PullResult:
-    entries: list[Entry]
+    """Messages handed out by a pull, and what the results sent with it did."""
+
+    deliveries: list[Delivery]
     applied: int
     unknown: list[MessageRef]
 
@@ -52,8 +48,8 @@ class GroupRunner:
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
     def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
-        self.store = store
-        self.engine = engine
+        self._store = store
+        self._engine = engine
         self.name = engine.name
         self.commit_interval_ms = commit_interval_ms
         self.dead_letter_count = 0
@@ -94,10 +90,12 @@ class GroupRunner:
             await store.commit(name, fresh)
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms)
-        operations.redrive(engine, await store.load_redriving(name))
+        engine.redrive(await store.load_redriving(name))
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
-        logger.info("group=%s started queues=%d buffered=%d", name, len(progress), engine.buffered)
+        logger.info(
+            "group=%s started queues=%d buffered=%d", name, len(progress), engine.stats().buffered
+        )
         return runner
 
     async def _run(self) -> None:
@@ -138,58 +136,26 @@ class GroupRunner:
     async def _fetcher(self) -> None:
         while True:
             self._fetch_kick = anyio.Event()
-            requests = self.engine.plan_fetches(now_ms())
-            if not requests:
-                await self._fetch_kick.wait()
-                continue
             try:
-                for request in requests:
-                    if request.is_reload:
-                        found, scanned_to = await self._scan(request)
-                        self.engine.on_fetched(request, found, scanned_to)
-                    else:
-                        messages = await self.store.read(
-                            request.topic, request.qid, request.from_offset, request.max_count
-                        )
-                        self.engine.on_fetched(request, messages)
+                read = await fetch_round(self._engine, self._store, now_ms())
             except StoreError as exc:
                 logger.warning("group=%s read failed, retrying in 1s: %s", self.name, exc)
                 await anyio.sleep(1)
-            if self.engine.has_ready():
+                continue
+            if self._engine.has_ready():
                 self._notify_ready()
-
-    async def _scan(self, request: FetchRequest) -> tuple[list[Message], int]:
-        """Read ``[from, upto)`` and keep the parked chain's messages (at most max_count)."""
-        found: list[Message] = []
-        offset = request.from_offset
-        while offset < request.upto and len(found) < request.max_count:
-            batch = await self.store.read(
-                request.topic,
-                request.qid,
-                offset,
-                min(RELOAD_SCAN_BATCH, request.upto - offset),
-            )
-            if not batch:
-                break
-            for message in batch:
-                if message.offset >= request.upto:
-                    break
-                if self.engine.order_value(message) == request.chain_value:
-                    found.append(message)
-                    if len(found) >= request.max_count:
-                        return found, message.offset + 1
-            offset = batch[-1].offset + 1
-        return found, max(offset, request.from_offset)
+            if not read and not self._fetch_kick.is_set():
+                await self._fetch_kick.wait()
 
     async def _timer(self) -> None:
         while True:
             self._timer_kick = anyio.Event()
-            deadline = self.engine.next_deadline_ms()
+            deadline = self._engine.next_deadline_ms()
             delay = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - now_ms()) / 1000))
             with anyio.move_on_after(delay):
                 await self._timer_kick.wait()
-            self.engine.tick(now_ms())
-            if self.engine.has_ready():
+            self._engine.tick(now_ms())
+            if self._engine.has_ready():
                 self._notify_ready()
             self._after_finish()
 
@@ -202,16 +168,16 @@ class GroupRunner:
 
     async def commit(self) -> None:
         """Persist progress, dead letters and finished redrives now."""
-        batch = self.engine.take_commit()
+        batch = self._engine.take_commit()
         if not batch:
             return
         try:
-            await self.store.commit(
+            await self._store.commit(
                 self.name, batch.progress, batch.dead_letters, batch.redrive_done
             )
         except StoreError as exc:
             logger.warning("group=%s commit failed, will retry: %s", self.name, exc)
-            self.engine.requeue(batch)
+            self._engine.requeue(batch)
             return
         self.dead_letter_count += len(batch.dead_letters)
         for dead in batch.dead_letters:
@@ -233,25 +199,40 @@ class GroupRunner:
     def _after_finish(self) -> None:
         """Something finished or timed out: buffer space or reloads may be pending."""
         self._fetch_kick.set()
-        if self.engine.pending.dead_letters:
+        if self._engine.has_pending_dead_letters:
             self._commit_kick.set()
 
     def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> None:
         """Just-stored messages: taken directly when caught up, else read by the fetcher."""
-        if self.engine.offer(topic, qid, messages):
+        if self._engine.offer(topic, qid, messages):
             self._notify_ready()
         else:
             self._fetch_kick.set()
 
+    # -- views ---------------------------------------------------------------------------------
+    @property
+    def config(self) -> GroupConfig:
+        return self._engine.config
+
+    def reads(self, topic: str) -> bool:
+        """Whether the group subscribes to ``topic``."""
+        return self._engine.reads(topic)
+
+    def stats(self) -> GroupStats:
+        return self._engine.stats()
+
+    def blocked_keys(self, topic: str | None) -> list[BlockedKey]:
+        return self._engine.blocked_keys(topic)
+
     # -- consumer calls ------------------------------------------------------------------------
-    def apply(self, results: Iterable[Result]) -> tuple[int, list[MessageRef]]:
-        applied, unknown = self.engine.apply_results(results, now_ms())
-        if applied:
+    def apply(self, results: Iterable[Result]) -> Outcome:
+        outcome = self._engine.apply_results(results, now_ms())
+        if outcome.applied:
             self._after_finish()
             self._timer_kick.set()
-            if self.engine.has_ready():
+            if self._engine.has_ready():
                 self._notify_ready()
-        return applied, unknown
+        return outcome
 
     async def pull(
         self,
@@ -261,50 +242,48 @@ class GroupRunner:
         results: Sequence[Result],
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``."""
-        applied, unknown = self.apply(results) if results else (0, [])
+        applied, unknown = self.apply(results) if results else Outcome(0, [])
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             ready = self._ready
-            entries = self.engine.pull(max_messages, topics, now_ms())
+            deliveries = self._engine.pull(max_messages, topics, now_ms())
             remaining = deadline - time.monotonic()
-            if entries or remaining <= 0 or self._stopping:
+            if deliveries or remaining <= 0 or self._stopping:
                 break
             with anyio.move_on_after(remaining):
                 await ready.wait()
-        if entries:
+        if deliveries:
             self._timer_kick.set()
-        return PullResult(entries, applied, unknown)
+        return PullResult(deliveries, applied, unknown)
 
-    def extend(
-        self, refs: Iterable[MessageRef], ack_timeout_ms: int
-    ) -> tuple[int, list[MessageRef]]:
-        return self.engine.extend(refs, ack_timeout_ms, now_ms())
+    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int) -> Outcome:
+        return self._engine.extend(refs, ack_timeout_ms, now_ms())
 
     # -- operator calls ------------------------------------------------------------------------
     async def seek(self, topic: str, targets: dict[int, int]) -> None:
-        operations.seek(self.engine, topic, targets)
+        self._engine.seek(topic, targets)
         await self.commit()
         self._fetch_kick.set()
         logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
 
     async def redrive(self, topic: str | None) -> int:
-        dead = await self.store.start_redrive(self.name, topic)
-        count = operations.redrive(self.engine, dead)
+        dead = await self._store.start_redrive(self.name, topic)
+        count = self._engine.redrive(dead)
         self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
-        if self.engine.has_ready():
+        if self._engine.has_ready():
             self._notify_ready()
         await self.commit()  # dead letters of unsubscribed topics go back
         logger.info("group=%s redriving dead_letters=%d", self.name, count)
         return count
 
     def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
-        done = operations.skip(self.engine, topic, order_value, ref, now_ms())
+        done = self._engine.skip(topic, order_value, ref, now_ms())
         self._after_finish()
-        if self.engine.has_ready():
+        if self._engine.has_ready():
             self._notify_ready()
         return done
 
     def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
-        done = operations.release(self.engine, topic, order_value, ref)
+        done = self._engine.release(topic, order_value, ref)
         self._notify_ready()
         return done

@@ -13,7 +13,7 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterator
 
-from cproxy.engine.sequencer import Entry
+from cproxy.engine.work import Entry
 
 #: Is the item (time, entry) still live?
 Validity = Callable[[int, Entry], bool]

@@ -1,15 +1,16 @@
 """One consumer group: fetch -> sequence -> ready -> in flight -> ack / fail / timeout.
 
-``GroupEngine`` is a pure state machine: it performs no I/O and reads no clock. A driver
-(``cproxy.broker.runner``) feeds it what it read from the store (``plan_fetches`` /
-``on_fetched``), the current time (``now_ms`` arguments) and the consumers' results, and
-persists what it hands back (``take_commit``). Everything runs on one event loop, so nothing
-here locks.
+``GroupEngine`` is a pure state machine and the sole owner of its state: it performs no I/O
+and reads no clock. A driver (``cproxy.broker``) feeds it what it read from the store
+(``plan_fetches`` / ``on_fetched``, see ``cproxy.broker.drive``), the current time (``now_ms``
+arguments, ms since the epoch) and the consumers' results, and persists what it hands back
+(``take_commit``). Everything runs on one event loop, so nothing here locks. Callers get
+frozen snapshots (``Delivery``, ``GroupStats``, ``BlockedKey``), never live containers.
 
-Delivery semantics, per DESIGN §3: a message is handed out only when it is the head of its
-chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while the
-chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or, with
-``on_exhausted = "block"``, holds its chain until an operator skips or releases it).
+Delivery semantics (docs/guarantees.md): a message is handed out only when it is the head of
+its chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while
+the chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or,
+with ``on_exhausted = "block"``, holds its chain until an operator skips or releases it).
 """
 
 from __future__ import annotations
@@ -18,28 +19,17 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.deadlines import DeadlineHeap
-from cproxy.engine.partition import FetchRequest, Partition
+from cproxy.engine.operations import Operations
+from cproxy.engine.partition import FetchRequest
+from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
-from cproxy.engine.sequencer import Chain, Entry, ReadyQueue, Sequencer, State
+from cproxy.engine.sequencer import Sequencer
+from cproxy.engine.snapshots import Delivery, Outcome
+from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
-#: Largest read the engine asks for at once, in messages.
-FETCH_BATCH = 1000
-#: A head in flight this long (ms) counts as stuck when the buffer is full.
-PARK_AFTER_MS = 1000
-#: How often (ms) a full buffer is checked for stuck chains to park.
-PARK_CHECK_INTERVAL_MS = 100
 
-
-def _is_stuck(head: Entry, now_ms: int) -> bool:
-    if head.state in (State.RETRYING, State.EXHAUSTED):
-        return True
-    return head.state is State.IN_FLIGHT and (
-        head.attempt > 1 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
-    )
-
-
-class GroupEngine:
+class GroupEngine(Operations):
     """The delivery state of one consumer group over its subscribed queues."""
 
     def __init__(
@@ -50,381 +40,229 @@ class GroupEngine:
         end_offsets: Mapping[QueueRef, int],
         on_ack_latency_s: Callable[[float], None] | None = None,
     ) -> None:
-        """``progress`` and ``end_offsets`` must name every queue of every subscribed topic."""
+        """``progress`` and ``end_offsets`` must name every queue of every subscribed topic.
+
+        ``on_ack_latency_s`` is called with the produce-to-ack time (s) of each acked message.
+        """
         self.name = name
         self.config = config
-        self.partitions: dict[QueueRef, Partition] = {
-            ref: Partition(ref[0], ref[1], p, end_offsets.get(ref, 0))
-            for ref, p in progress.items()
-        }
-        self.sequencer = Sequencer()
-        self.ready: dict[str, ReadyQueue] = {topic: ReadyQueue() for topic in config.topics}
-        self.counters: dict[str, Counters] = {topic: Counters() for topic in config.topics}
-        self.in_flight: dict[MessageRef, Entry] = {}
-        self.exhausted: dict[MessageRef, Entry] = {}
-        #: Entries held in memory in any state: what ``max_buffered`` bounds.
-        self.buffered = 0
-        self.retrying = 0
+        topics = list(config.topics)
         self._extract = {t: ob.extract for t, ob in config.topics.items()}
+        self._tally = Tally(topics)
+        self._seq = Sequencer(topics, self._tally)
+        self._reader = Reader(
+            progress,
+            end_offsets,
+            config.max_buffered,
+            self._order_value,
+            self._seq,
+            self._tally,
+        )
+        self._counters = {topic: Counters() for topic in topics}
+        self._in_flight: dict[MessageRef, Entry] = {}
+        self._exhausted: dict[MessageRef, Entry] = {}
         self._timeouts = DeadlineHeap(
             lambda when, e: e.state is State.IN_FLIGHT and e.deadline_ms == when
         )
         self._retries = DeadlineHeap(lambda when, e: e.state is State.RETRYING and e.due_ms == when)
-        self._reloads: list[Chain] = []
         self._topic_cursor = 0
-        self._fetch_cursor = 0
-        self._next_park_check_ms = 0
-        self.pending = CommitBatch()
+        self._pending = CommitBatch()
         self._on_ack_latency_s = on_ack_latency_s
 
-    # -- reading -------------------------------------------------------------------------------
+    def _order_value(self, message: Message) -> str | None:
+        return self._extract[message.topic](message)
+
+    def reads(self, topic: str) -> bool:
+        """Whether the group subscribes to ``topic``."""
+        return topic in self._counters
+
+    # -- reading (see cproxy.engine.reader) ----------------------------------------------------
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """The store's next offset for a queue grew (a produce landed)."""
-        part = self.partitions.get((topic, qid))
-        if part is not None and end_offset > part.end_offset:
-            part.end_offset = end_offset
+        self._reader.note_end(topic, qid, end_offset)
 
     def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up.
 
         Accepted only when they start exactly at the queue's fetch position and fit in the
-        buffer; otherwise (False) the queue's end moves and the fetcher reads them later.
-        A read already under way for the same offsets is then recognised as stale.
+        buffer; otherwise (False) the queue's end moves and a later fetch reads them. A read
+        already under way for the same offsets is then recognised as stale.
         """
-        part = self.partitions.get((topic, qid))
-        if part is None or not messages:
-            return False
-        self.note_end(topic, qid, messages[-1].offset + 1)
-        if (
-            part.fetch_offset != messages[0].offset
-            or self.buffered + len(messages) > self.config.max_buffered
-        ):
-            return False
-        request = FetchRequest(topic, qid, part.fetch_offset, len(messages), part.epoch)
-        self.on_fetched(request, messages)
-        return True
-
-    def order_value(self, message: Message) -> str | None:
-        return self._extract[message.topic](message)
+        return self._reader.offer(topic, qid, messages)
 
     def plan_fetches(self, now_ms: int) -> list[FetchRequest]:
-        """Reads to make now: reloads of parked chains first, then new messages.
+        """Reads to make now; empty when the buffer is full or every queue is caught up."""
+        return self._reader.plan(now_ms)
 
-        Empty when the buffer is full or every queue is caught up. Parks stuck chains first
-        when they fill the buffer, so healthy keys keep flowing.
-        """
-        self._park_if_stuck(now_ms)
-        space = self.config.max_buffered - self.buffered
-        requests: list[FetchRequest] = []
-        while self._reloads and space > 0:
-            chain = self._reloads.pop()
-            for qid, start in sorted(chain.parked.items()):
-                part = self.partitions[(chain.topic, qid)]
-                count = min(space, FETCH_BATCH)
-                chain.reloading += 1
-                requests.append(
-                    FetchRequest(
-                        chain.topic,
-                        qid,
-                        start,
-                        count,
-                        part.epoch,
-                        chain.value,
-                        upto=part.fetch_offset,
-                    )
-                )
-                space -= count
-            chain.parked.clear()
-        parts = [p for p in self.partitions.values() if p.fetch_offset < p.end_offset]
-        if not parts or space <= 0:
-            return requests
-        share = max(1, min(FETCH_BATCH, space // len(parts)))
-        self._fetch_cursor = (self._fetch_cursor + 1) % len(parts)
-        for part in parts[self._fetch_cursor :] + parts[: self._fetch_cursor]:
-            count = min(share, space, part.end_offset - part.fetch_offset)
-            if count <= 0:
-                break
-            requests.append(
-                FetchRequest(part.topic, part.qid, part.fetch_offset, count, part.epoch)
-            )
-            space -= count
-        return requests
+    def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
+        """Hand back what the store returned for ``request`` (its range, unfiltered)."""
+        self._reader.on_read(request, messages)
 
-    def on_fetched(
-        self, request: FetchRequest, messages: Sequence[Message], scanned_to: int | None = None
-    ) -> None:
-        """Hand back the result of ``request``.
-
-        For a plain fetch, ``messages`` are consecutive from ``request.from_offset``. For a
-        reload, they are the chain's messages found, and ``scanned_to`` is where the scan
-        stopped (exclusive).
-        """
-        part = self.partitions.get((request.topic, request.qid))
-        if request.is_reload:
-            self._on_reloaded(
-                request, part, messages, request.upto if scanned_to is None else scanned_to
-            )
-            return
-        if part is None or part.epoch != request.epoch or part.fetch_offset != request.from_offset:
-            return  # planned before a seek: stale
-        if not messages:
-            # The store has nothing there (yet): trust it over our notion of the end.
-            part.end_offset = part.fetch_offset
-            return
-        tracker = part.tracker
-        limit = self.config.max_buffered
-        for message in messages:
-            if tracker.is_finished(message.offset):
-                part.fetch_offset = message.offset + 1
-                continue  # finished before a restart
-            if self.buffered >= limit:
-                # An offer() on another queue may have used the space this read was
-                # planned with: stop here and read the rest later.
-                break
-            self._admit(Entry(message, None))
-            part.fetch_offset = message.offset + 1
-        part.end_offset = max(part.end_offset, part.fetch_offset)
-
-    def _admit(self, entry: Entry) -> None:
-        message = entry.message
-        value = self.order_value(message)
-        parked = self.sequencer.parked_chain(message.topic, value)
-        if parked is not None:
-            current = parked.parked.get(message.qid)
-            if current is None or message.offset < current:
-                parked.parked[message.qid] = message.offset
-            return
-        self.buffered += 1
-        if self.sequencer.admit(entry, value):
-            self.ready[message.topic].push(entry, reactivated=False)
-
-    def _on_reloaded(
-        self,
-        request: FetchRequest,
-        part: Partition | None,
-        messages: Sequence[Message],
-        scanned_to: int,
-    ) -> None:
-        assert request.chain_value is not None
-        chain = self.sequencer.chains.get((request.topic, request.chain_value))
-        if chain is None:
-            return
-        chain.reloading -= 1
-        if part is None or part.epoch != request.epoch:
-            self._after_reload(chain)
-            return  # a seek dropped this queue's parked state meanwhile
-        for message in messages:
-            if message.offset >= request.upto or part.tracker.is_finished(message.offset):
-                continue
-            entry = Entry(message, chain)
-            self.buffered += 1
-            if chain.head is None:
-                chain.head = entry
-                self.ready[chain.topic].push(entry, reactivated=True)
-            else:
-                chain.waiting.append(entry)
-                self.sequencer.waiting += 1
-        if scanned_to < request.upto:
-            current = chain.parked.get(request.qid)
-            chain.parked[request.qid] = scanned_to if current is None else min(current, scanned_to)
-        self._after_reload(chain)
-
-    def _after_reload(self, chain: Chain) -> None:
-        if chain.head is None and chain.parked and chain.reloading == 0:
-            self._reloads.append(chain)  # found nothing yet: keep scanning
-        self.sequencer.forget_if_idle(chain)
-
-    def _park_if_stuck(self, now_ms: int) -> None:
-        """Release waiting messages of stuck chains when they fill the buffer.
-
-        Only chains whose head looks stuck are parked: retrying, exhausted, delivered more
-        than once, or in flight for ``PARK_AFTER_MS``. A deep backlog of healthy keys is
-        plain backpressure: their heads are acked soon and parking them would only cost
-        store rescans.
-        """
-        limit = self.config.max_buffered
-        seq = self.sequencer
-        if self.buffered < limit or seq.waiting == 0 or now_ms < self._next_park_check_ms:
-            return
-        # Sorting chains is O(n log n): with a full buffer, do it at most every 100 ms.
-        self._next_park_check_ms = now_ms + PARK_CHECK_INTERVAL_MS
-        target = limit * 3 // 4
-        for chain in seq.most_waiting():
-            head = chain.head
-            if head is None or not _is_stuck(head, now_ms):
-                continue
-            self.buffered -= len(seq.park(chain))
-            if self.buffered <= target:
-                break
+    def on_fetch_failed(self, request: FetchRequest) -> None:
+        """``request`` could not be read: plan it again later."""
+        self._reader.on_read_failed(request)
 
     # -- delivering ----------------------------------------------------------------------------
-    @property
-    def ready_count(self) -> int:
-        return sum(rq.size for rq in self.ready.values())
-
     def has_ready(self, topics: Collection[str] | None = None) -> bool:
-        if topics is None:
-            return any(rq.size for rq in self.ready.values())
-        return any(self.ready[t].size for t in topics if t in self.ready)
+        names = self._counters if topics is None else topics
+        return any(self._seq.has_ready(t) for t in names if t in self._counters)
 
-    def pull(self, max_messages: int, topics: Collection[str] | None, now_ms: int) -> list[Entry]:
+    def pull(
+        self, max_messages: int, topics: Collection[str] | None, now_ms: int
+    ) -> list[Delivery]:
         """Hand out up to ``max_messages`` ready heads; they are in flight until acked."""
         self.tick(now_ms)
-        names = list(self.ready) if topics is None else [t for t in topics if t in self.ready]
+        names = (
+            list(self._counters) if topics is None else [t for t in topics if t in self._counters]
+        )
         if not names:
             return []
         self._topic_cursor = (self._topic_cursor + 1) % len(names)
-        out: list[Entry] = []
+        out: list[Delivery] = []
         deadline = now_ms + self.config.ack_timeout_ms
+        move = self._tally.move
         for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
-            queue = self.ready[topic]
-            counters = self.counters[topic]
-            while len(out) < max_messages and (entry := queue.pop()) is not None:
+            counters = self._counters[topic]
+            while len(out) < max_messages and (entry := self._seq.pop_ready(topic)) is not None:
                 entry.attempt += 1
-                entry.state = State.IN_FLIGHT
+                move(entry, State.IN_FLIGHT)
                 entry.deadline_ms = deadline
                 if entry.attempt == 1:
                     entry.blocked_since_ms = now_ms
                 self._timeouts.push(deadline, entry)
-                self.in_flight[entry.message.ref] = entry
+                self._in_flight[entry.message.ref] = entry
                 counters.delivered += 1
-                out.append(entry)
+                out.append(Delivery(entry.message, entry.attempt))
             if len(out) >= max_messages:
                 break
         return out
 
-    def apply_results(self, results: Iterable[Result], now_ms: int) -> tuple[int, list[MessageRef]]:
-        """Apply acks and fails; returns ``(applied, unknown refs)``."""
+    def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
+        """Apply acks and fails of in-flight messages; others are reported unknown."""
         applied = 0
         unknown: list[MessageRef] = []
-        in_flight = self.in_flight
+        in_flight = self._in_flight
         for result in results:
             for offset in result.acks:
-                ref = (result.topic, result.qid, offset)
-                entry = in_flight.pop(ref, None)
+                entry = in_flight.pop((result.topic, result.qid, offset), None)
                 if entry is None:
-                    unknown.append(ref)
+                    unknown.append((result.topic, result.qid, offset))
                     continue
                 applied += 1
-                self.counters[result.topic].acked += 1
-                if self._on_ack_latency_s is not None:
-                    self._on_ack_latency_s((now_ms - entry.message.produced_at_ms) / 1000)
-                self._finish(entry)
+                self._on_success(entry, now_ms)
             for offset, error in result.fails:
-                ref = (result.topic, result.qid, offset)
-                entry = in_flight.pop(ref, None)
+                entry = in_flight.pop((result.topic, result.qid, offset), None)
                 if entry is None:
-                    unknown.append(ref)
+                    unknown.append((result.topic, result.qid, offset))
                     continue
                 applied += 1
-                self.counters[result.topic].failed += 1
-                self._attempt_failed(entry, error or "failed by consumer", now_ms)
+                self._on_failure(entry, error or "failed by consumer", now_ms)
         self._compact_heaps()
-        return applied, unknown
+        return Outcome(applied, unknown)
 
-    def extend(
-        self, refs: Iterable[MessageRef], ack_timeout_ms: int, now_ms: int
-    ) -> tuple[int, list[MessageRef]]:
-        """Push the ack deadline of in-flight messages to ``now + ack_timeout_ms``."""
+    def extend(self, refs: Iterable[MessageRef], ack_timeout_ms: int, now_ms: int) -> Outcome:
+        """Push the ack deadline of in-flight messages to ``now_ms + ack_timeout_ms``."""
         applied = 0
         unknown: list[MessageRef] = []
         for ref in refs:
-            entry = self.in_flight.get(ref)
+            entry = self._in_flight.get(ref)
             if entry is None:
                 unknown.append(ref)
                 continue
             entry.deadline_ms = now_ms + ack_timeout_ms
             self._timeouts.push(entry.deadline_ms, entry)
             applied += 1
-        return applied, unknown
+        return Outcome(applied, unknown)
 
     def tick(self, now_ms: int) -> None:
         """Expire ack deadlines and make due retries ready."""
         for entry in self._timeouts.pop_due(now_ms):
-            del self.in_flight[entry.message.ref]
-            self.counters[entry.message.topic].timed_out += 1
-            self._attempt_failed(entry, "ack timeout", now_ms)
+            del self._in_flight[entry.message.ref]
+            self._on_timeout(entry, now_ms)
         for entry in self._retries.pop_due(now_ms):
-            self.retrying -= 1
-            self.ready[entry.message.topic].push(entry, reactivated=True)
+            self._seq.retry_now(entry)
 
     def _compact_heaps(self) -> None:
-        self._timeouts.compact(len(self.in_flight))
-        self._retries.compact(self.retrying)
+        self._timeouts.compact(len(self._in_flight))
+        self._retries.compact(self._tally.count(State.RETRYING))
 
     def next_deadline_ms(self) -> int | None:
-        """When ``tick`` next has work, or None."""
+        """When ``tick`` next has work (ms), or None."""
         times = [t for t in (self._timeouts.next_ms(), self._retries.next_ms()) if t is not None]
         return min(times) if times else None
 
-    # -- finishing -----------------------------------------------------------------------------
+    # -- the verbs of a delivery's end ---------------------------------------------------------
+    def _on_success(self, entry: Entry, now_ms: int) -> None:
+        self._counters[entry.message.topic].acked += 1
+        if self._on_ack_latency_s is not None:
+            self._on_ack_latency_s((now_ms - entry.message.produced_at_ms) / 1000)
+        self._finish(entry)
+
+    def _on_failure(self, entry: Entry, error: str, now_ms: int) -> None:
+        self._counters[entry.message.topic].failed += 1
+        self._attempt_failed(entry, error, now_ms)
+
+    def _on_timeout(self, entry: Entry, now_ms: int) -> None:
+        self._counters[entry.message.topic].timed_out += 1
+        self._attempt_failed(entry, "ack timeout", now_ms)
+
     def _attempt_failed(self, entry: Entry, error: str, now_ms: int) -> None:
         entry.last_error = error
-        if entry.attempt >= self.config.max_attempts:
-            if self.config.on_exhausted == "dead_letter":
-                self.dead_letter(entry, now_ms)
-            else:
-                entry.state = State.EXHAUSTED
-                self.exhausted[entry.message.ref] = entry
-            return
-        self._schedule_retry(entry, now_ms + self.config.backoff_ms(entry.attempt))
+        if entry.attempt < self.config.max_attempts:
+            entry.due_ms = now_ms + self.config.backoff_ms(entry.attempt)
+            self._tally.move(entry, State.RETRYING)
+            self._counters[entry.message.topic].retried += 1
+            self._retries.push(entry.due_ms, entry)
+        elif self.config.on_exhausted == "dead_letter":
+            self._dead_letter(entry, now_ms)
+        else:
+            self._tally.move(entry, State.EXHAUSTED)
+            self._exhausted[entry.message.ref] = entry
 
-    def _schedule_retry(self, entry: Entry, due_ms: int) -> None:
-        entry.state = State.RETRYING
-        entry.due_ms = due_ms
-        self.retrying += 1
-        self.counters[entry.message.topic].retried += 1
-        self._retries.push(due_ms, entry)
-
-    def dead_letter(self, entry: Entry, now_ms: int) -> None:
+    def _dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
-        self.pending.dead_letters.append(
+        self._pending.dead_letters.append(
             DeadLetter(self.name, entry.message, entry.attempt, entry.last_error, now_ms)
         )
-        self.counters[entry.message.topic].dead_lettered += 1
+        self._counters[entry.message.topic].dead_lettered += 1
         self._finish(entry)
 
     def _finish(self, entry: Entry) -> None:
         """The entry is acked or dead-lettered: record it and move its chain on."""
-        entry.state = State.DONE
-        self.buffered -= 1
+        self._tally.move(entry, State.OUT)
         message = entry.message
         if entry.redriven:
-            self.pending.redrive_done.append(message.ref)
+            self._pending.redrive_done.append(message.ref)
         else:
-            self.partitions[(message.topic, message.qid)].tracker.finish(message.offset)
-        chain = entry.chain
-        if chain is None:
-            return
-        nxt = self.sequencer.advance(chain)
-        if nxt is not None:
-            self.ready[chain.topic].push(nxt, reactivated=True)
-        elif chain.parked and chain.reloading == 0:
-            self._reloads.append(chain)
-
-    def request_reload(self, chain: Chain) -> None:
-        self._reloads.append(chain)
-
-    def retrying_entries(self) -> list[Entry]:
-        return self._retries.live()
+            part = self._reader.partition(message.topic, message.qid)
+            assert part is not None
+            part.tracker.finish(message.offset)
+        if entry.chain is not None:
+            self._seq.head_done(entry.chain)
 
     # -- persistence ---------------------------------------------------------------------------
+    @property
+    def has_pending_dead_letters(self) -> bool:
+        """Dead letters are waiting for a commit (worth persisting soon)."""
+        return bool(self._pending.dead_letters)
+
     def take_commit(self) -> CommitBatch:
         """Progress of queues changed since the last call, plus pending dead letters."""
-        batch, self.pending = self.pending, CommitBatch()
-        for ref, part in self.partitions.items():
+        batch, self._pending = self._pending, CommitBatch()
+        for part in self._reader.partitions():
             if part.tracker.dirty:
-                batch.progress[ref] = part.progress()
+                batch.progress[(part.topic, part.qid)] = part.progress()
                 part.tracker.dirty = False
         return batch
 
     def requeue(self, batch: CommitBatch) -> None:
         """A commit failed: keep its contents for the next one."""
-        for ref in batch.progress:
-            if ref in self.partitions:
-                self.partitions[ref].tracker.dirty = True
-        self.pending.dead_letters[:0] = batch.dead_letters
-        self.pending.redrive_done[:0] = batch.redrive_done
+        for topic, qid in batch.progress:
+            part = self._reader.partition(topic, qid)
+            if part is not None:
+                part.tracker.dirty = True
+        self._pending.dead_letters[:0] = batch.dead_letters
+        self._pending.redrive_done[:0] = batch.redrive_done
 
     def progress(self) -> dict[QueueRef, QueueProgress]:
-        return {ref: part.progress() for ref, part in self.partitions.items()}
+        return {(p.topic, p.qid): p.progress() for p in self._reader.partitions()}

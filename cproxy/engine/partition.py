@@ -41,11 +41,11 @@ class Partition:
 
 @dataclass(frozen=True, slots=True)
 class FetchRequest:
-    """A read the driver should make from the store and hand back to the engine.
+    """A read the driver makes from the store and hands back unchanged: at most
+    ``max_count`` messages from ``from_offset`` on, in offset order.
 
-    A plain fetch reads ``[from_offset, ...)`` up to ``max_count`` messages. A *reload*
-    (``chain_value`` set) scans ``[from_offset, upto)`` for messages of one parked chain and
-    hands back only those, at most ``max_count``, with the offset where the scan stopped.
+    A *reload* (``chain_value`` set) reads part of ``[from_offset, upto)`` for one parked
+    chain; the engine keeps that chain's messages and plans the rest of the range itself.
     """
 
     topic: str

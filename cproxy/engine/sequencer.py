@@ -9,63 +9,26 @@ When the head finishes, the next waiting message goes to the *reactivation* queu
 drain before the *fresh* queue of new work: a key that was already in progress keeps moving
 ahead of keys not yet started, like DDMQ's reactivation queue.
 
-*Parking* bounds memory without head-of-line blocking (DESIGN §3.7): when stuck keys fill the
-buffer with waiting messages, those messages are dropped from memory and the chain remembers,
-per queue, the earliest offset it dropped. Messages of a parked chain that arrive later are
-dropped too. When the chain runs dry it asks to be *reloaded* from the store from that offset.
+*Parking* bounds memory without head-of-line blocking (docs/guarantees.md, bounded memory):
+when stuck keys fill the buffer with waiting messages, those messages are dropped from memory
+and the chain remembers, per queue, the earliest offset it dropped. Messages of a parked chain
+that arrive later are dropped too. When the chain runs dry it asks to be *reloaded* from the
+store from that offset.
+
+The ``Sequencer`` owns chains and ready queues (parallel-consumer's ``ShardManager``): callers
+use its verbs and never reach into a chain's containers.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from cproxy.model import Message
-
-
-class State(enum.IntEnum):
-    WAITING = 0
-    READY = 1
-    IN_FLIGHT = 2
-    RETRYING = 3
-    #: Out of attempts with ``on_exhausted = "block"``: waits for an operator.
-    EXHAUSTED = 4
-    #: Acked, dead-lettered or dropped (seek); stale references to it are ignored.
-    DONE = 5
-
-
-class Entry:
-    """One message held in memory by one group."""
-
-    __slots__ = (
-        "attempt",
-        "blocked_since_ms",
-        "chain",
-        "deadline_ms",
-        "due_ms",
-        "last_error",
-        "message",
-        "redriven",
-        "state",
-    )
-
-    def __init__(self, message: Message, chain: Chain | None, redriven: bool = False) -> None:
-        self.message = message
-        self.chain = chain
-        #: Deliveries so far; the next delivery is attempt ``attempt + 1``.
-        self.attempt = 0
-        self.state = State.WAITING
-        self.deadline_ms = 0
-        self.due_ms = 0
-        self.last_error: str | None = None
-        #: Redriven dead letters are outside offset tracking (their offset is committed).
-        self.redriven = redriven
-        self.blocked_since_ms = 0
+from cproxy.engine.work import Entry, State, Tally
 
 
 class Chain:
-    """The in-memory messages of one (topic, order value)."""
+    """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
     __slots__ = ("head", "parked", "reloading", "topic", "value", "waiting")
 
@@ -83,109 +46,174 @@ class Chain:
     def is_parked(self) -> bool:
         return bool(self.parked) or self.reloading > 0
 
+    def note_parked(self, qid: int, offset: int) -> None:
+        """Remember that ``offset`` of queue ``qid`` was dropped and must be reloaded."""
+        current = self.parked.get(qid)
+        if current is None or offset < current:
+            self.parked[qid] = offset
 
-class ReadyQueue:
+
+class _ReadyQueue:
     """Ready entries of one topic: reactivated chains first, then fresh work."""
 
-    __slots__ = ("fresh", "reactivated", "size")
+    __slots__ = ("fresh", "reactivated")
 
     def __init__(self) -> None:
         self.reactivated: deque[Entry] = deque()
         self.fresh: deque[Entry] = deque()
-        self.size = 0
-
-    def push(self, entry: Entry, *, reactivated: bool) -> None:
-        entry.state = State.READY
-        (self.reactivated if reactivated else self.fresh).append(entry)
-        self.size += 1
 
     def pop(self) -> Entry | None:
-        # Entries dropped by a seek stay in the deques as DONE; skip them lazily.
+        # Entries that left READY elsewhere (seek) stay in the deques; skip them lazily.
         for queue in (self.reactivated, self.fresh):
             while queue:
                 entry = queue.popleft()
                 if entry.state is State.READY:
-                    self.size -= 1
                     return entry
         return None
 
-    def discard(self, entry: Entry) -> None:
-        """Account for a READY entry removed elsewhere (its state becomes DONE)."""
-        entry.state = State.DONE
-        self.size -= 1
-
 
 class Sequencer:
-    """Chains of one group, keyed by (topic, order value)."""
+    """Chains and ready queues of one group, keyed by (topic, order value)."""
 
-    __slots__ = ("chains", "waiting")
+    __slots__ = ("_chains", "_ready", "_reloads", "_tally")
 
-    def __init__(self) -> None:
-        self.chains: dict[tuple[str, str], Chain] = {}
-        #: Total entries waiting behind heads (in memory).
-        self.waiting = 0
+    def __init__(self, topics: list[str], tally: Tally) -> None:
+        self._tally = tally
+        self._chains: dict[tuple[str, str], Chain] = {}
+        self._ready = {topic: _ReadyQueue() for topic in topics}
+        #: Chains that ran dry with parked messages: the reader plans their reloads.
+        self._reloads: list[Chain] = []
 
-    def admit(self, entry: Entry, value: str | None) -> bool:
-        """Add a newly read message; True when it became a head (ready to hand out).
+    # -- admission -----------------------------------------------------------------------------
+    def admit(self, entry: Entry, value: str | None, *, force: bool = False) -> bool:
+        """Hold a newly read message: ready when it heads its chain, else waiting.
 
-        Returns False when it waits behind its chain's head. A parked chain does not take the
-        entry at all: the caller must check ``parked_chain`` first and drop it.
+        Returns False, holding nothing, when the chain is parked: the message's offset is
+        recorded for the reload instead. ``force`` admits past parking (redriven dead letters
+        cannot be read back from the store).
         """
         if value is None:
+            self._make_ready(entry, reactivated=False)
             return True
-        topic = entry.message.topic
-        chain = self.chains.get((topic, value))
+        key = (entry.message.topic, value)
+        chain = self._chains.get(key)
         if chain is None:
-            chain = Chain(topic, value)
-            self.chains[(topic, value)] = chain
+            chain = self._chains[key] = Chain(key[0], value)
+        elif chain.is_parked and not force:
+            chain.note_parked(entry.message.qid, entry.message.offset)
+            return False
         entry.chain = chain
         if chain.head is None:
             chain.head = entry
-            return True
-        chain.waiting.append(entry)
-        self.waiting += 1
-        return False
+            self._make_ready(entry, reactivated=False)
+        else:
+            chain.waiting.append(entry)
+            self._tally.move(entry, State.WAITING)
+        return True
 
-    def parked_chain(self, topic: str, value: str | None) -> Chain | None:
-        if value is None:
-            return None
-        chain = self.chains.get((topic, value))
-        return chain if chain is not None and chain.is_parked else None
+    def admit_reloaded(self, entry: Entry, chain: Chain) -> None:
+        """Hold a message read back for a parked chain (a reload), in offset order."""
+        entry.chain = chain
+        if chain.head is None:
+            chain.head = entry
+            self._make_ready(entry, reactivated=True)
+        else:
+            chain.waiting.append(entry)
+            self._tally.move(entry, State.WAITING)
 
-    def advance(self, chain: Chain) -> Entry | None:
-        """The head finished: promote the next waiting entry (None if there is none).
+    def chain(self, topic: str, value: str) -> Chain | None:
+        return self._chains.get((topic, value))
 
-        A chain with nothing in memory and nothing parked is forgotten.
+    # -- ready work ----------------------------------------------------------------------------
+    def _make_ready(self, entry: Entry, *, reactivated: bool) -> None:
+        self._tally.move(entry, State.READY)
+        queue = self._ready[entry.message.topic]
+        (queue.reactivated if reactivated else queue.fresh).append(entry)
+
+    def retry_now(self, entry: Entry) -> None:
+        """A retrying, exhausted or released head is ready again, ahead of fresh work."""
+        self._make_ready(entry, reactivated=True)
+
+    def pop_ready(self, topic: str) -> Entry | None:
+        """The next ready entry of ``topic`` (still READY: the caller moves it on)."""
+        return self._ready[topic].pop()
+
+    def has_ready(self, topic: str) -> bool:
+        return self._tally.count(State.READY, topic) > 0
+
+    # -- finishing -----------------------------------------------------------------------------
+    def head_done(self, chain: Chain) -> None:
+        """The head of ``chain`` finished or was dropped: the next waiting entry becomes ready.
+
+        A chain that ran dry with parked messages asks for a reload; one with nothing in
+        memory and nothing parked is forgotten.
         """
         if chain.waiting:
             nxt = chain.waiting.popleft()
-            self.waiting -= 1
             chain.head = nxt
-            return nxt
+            self._make_ready(nxt, reactivated=True)
+            return
         chain.head = None
-        if not chain.is_parked:
-            del self.chains[(chain.topic, chain.value)]
-        return None
+        if chain.parked and chain.reloading == 0:
+            self._reloads.append(chain)
+        elif not chain.is_parked:
+            del self._chains[(chain.topic, chain.value)]
 
-    def park(self, chain: Chain) -> list[Entry]:
-        """Drop the waiting entries of ``chain`` from memory; returns them."""
-        dropped = list(chain.waiting)
-        chain.waiting.clear()
-        self.waiting -= len(dropped)
-        for entry in dropped:
-            message = entry.message
-            current = chain.parked.get(message.qid)
-            if current is None or message.offset < current:
-                chain.parked[message.qid] = message.offset
-            entry.state = State.DONE
-        return dropped
-
-    def most_waiting(self) -> Iterator[Chain]:
-        """Chains with waiting entries, most waiting first."""
-        candidates = [c for c in self.chains.values() if c.waiting]
+    # -- parking and reloads -------------------------------------------------------------------
+    def park_stuck(self, is_stuck: Callable[[Entry], bool], until_held: int) -> None:
+        """Park chains whose head is stuck, most waiting first, until ``until_held`` is met."""
+        candidates = [c for c in self._chains.values() if c.waiting]
         candidates.sort(key=lambda c: len(c.waiting), reverse=True)
-        return iter(candidates)
+        for chain in candidates:
+            if chain.head is None or not is_stuck(chain.head):
+                continue
+            for entry in chain.waiting:
+                chain.note_parked(entry.message.qid, entry.message.offset)
+                self._tally.move(entry, State.OUT)
+            chain.waiting.clear()
+            if self._tally.held <= until_held:
+                break
 
-    def forget_if_idle(self, chain: Chain) -> None:
-        if chain.head is None and not chain.waiting and not chain.is_parked:
-            self.chains.pop((chain.topic, chain.value), None)
+    def next_reload(self) -> Chain | None:
+        """A chain to reload, or None; the caller must call ``reload_started`` for each read."""
+        return self._reloads.pop() if self._reloads else None
+
+    def reload_done(self, chain: Chain) -> None:
+        """One reload read of ``chain`` was handed back."""
+        chain.reloading -= 1
+        if chain.head is None and chain.parked and chain.reloading == 0:
+            self._reloads.append(chain)  # found nothing yet: keep scanning
+        elif chain.head is None and not chain.is_parked:
+            self._chains.pop((chain.topic, chain.value), None)
+
+    # -- operator views and actions ------------------------------------------------------------
+    def chains(self) -> Iterator[Chain]:
+        return iter(self._chains.values())
+
+    def drop(self, topic: str, qids: set[int]) -> list[Entry]:
+        """Drop every held entry of the given queues from memory (a seek); returns them.
+
+        Parked offsets of those queues are forgotten; chains whose head was dropped move on.
+        """
+
+        def hit(entry: Entry) -> bool:
+            return entry.message.topic == topic and entry.message.qid in qids
+
+        dropped: list[Entry] = []
+        for chain in [c for c in self._chains.values() if c.topic == topic]:
+            gone = [e for e in chain.waiting if hit(e)]
+            if gone:
+                chain.waiting = deque(e for e in chain.waiting if not hit(e))
+                dropped.extend(gone)
+            for qid in qids:
+                chain.parked.pop(qid, None)
+            if chain.head is not None and hit(chain.head):
+                dropped.append(chain.head)
+                self.head_done(chain)
+            elif chain.head is None and not chain.waiting and not chain.is_parked:
+                del self._chains[(chain.topic, chain.value)]
+        queue = self._ready[topic]
+        for entry in (*queue.reactivated, *queue.fresh):
+            if entry.state is State.READY and entry.chain is None and hit(entry):
+                dropped.append(entry)
+        return dropped

@@ -34,10 +34,6 @@ async def running(store: MemoryStore, settings: Settings = SETTINGS) -> AsyncIte
             tg.cancel_scope.cancel()
 
 
-def now() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def items(*keys: str | None) -> list[ProduceItem]:
     return [ProduceItem(orjson.dumps({"i": i}), key) for i, key in enumerate(keys)]
 
@@ -59,14 +55,14 @@ async def test_long_poll_wakes_when_a_produce_lands() -> None:
         got: list[Any] = []
 
         async def poll() -> None:
-            result = await broker.group("g").pull(10, 5000, None, [])
-            got.extend(result.entries)
+            result = await broker.pull("g", 10, 5000, None, [])
+            got.extend(result.deliveries)
 
         started = time.monotonic()
         async with anyio.create_task_group() as tg:
             tg.start_soon(poll)
             await anyio.sleep(0.05)
-            await broker.produce("t", items("a"), now())
+            await broker.produce("t", items("a"))
         assert len(got) == 1
         assert time.monotonic() - started < 2
 
@@ -76,13 +72,12 @@ async def test_progress_survives_restart_without_replaying_acked() -> None:
     async with running(store) as broker:
         await broker.create_topic("t", 1)
         await broker.put_group("g", config())
-        await broker.produce("t", items("a", "b", "c", "d"), now())
-        runner = broker.group("g")
-        first = (await runner.pull(10, 1000, None, [])).entries
+        await broker.produce("t", items("a", "b", "c", "d"))
+        first = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert len(first) == 4
-        runner.apply([r for r in ack_all(first) if r.acks[0] in (1, 3)])
+        broker.ack("g", [r for r in ack_all(first) if r.acks[0] in (1, 3)])
     async with running(store) as broker:
-        again = (await broker.group("g").pull(10, 1000, None, [])).entries
+        again = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert sorted(e.message.offset for e in again) == [0, 2]
 
 
@@ -91,10 +86,9 @@ async def test_commit_happens_every_interval_without_a_stop() -> None:
     async with running(store) as broker:
         await broker.create_topic("t", 1)
         await broker.put_group("g", config())
-        await broker.produce("t", items("a", "b"), now())
-        runner = broker.group("g")
-        got = (await runner.pull(10, 1000, None, [])).entries
-        runner.apply(ack_all(got))
+        await broker.produce("t", items("a", "b"))
+        got = (await broker.pull("g", 10, 1000, None, [])).deliveries
+        broker.ack("g", ack_all(got))
         with anyio.fail_after(5):
             while (await store.load_progress("g"))[("t", 0)].committed != 2:
                 await anyio.sleep(0.01)
@@ -104,10 +98,10 @@ async def test_start_latest_skips_existing_messages() -> None:
     store = MemoryStore()
     async with running(store) as broker:
         await broker.create_topic("t", 1)
-        await broker.produce("t", items("old"), now())
+        await broker.produce("t", items("old"))
         await broker.put_group("g", config(start="latest"))
-        await broker.produce("t", items("new"), now())
-        got = (await broker.group("g").pull(10, 1000, None, [])).entries
+        await broker.produce("t", items("new"))
+        got = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert [e.message.key for e in got] == ["new"]
 
 
@@ -116,25 +110,23 @@ async def test_redrive_resumes_after_restart_until_acked() -> None:
     async with running(store) as broker:
         await broker.create_topic("t", 1)
         await broker.put_group("g", config(max_attempts=1))
-        await broker.produce("t", items("a", "a"), now())
-        runner = broker.group("g")
+        await broker.produce("t", items("a", "a"))
         for _ in range(2):
-            got = (await runner.pull(10, 1000, None, [])).entries
-            runner.apply([Result("t", 0, fails=[(e.message.offset, "x")]) for e in got])
-        await runner.commit()
+            got = (await broker.pull("g", 10, 1000, None, [])).deliveries
+            broker.ack("g", [Result("t", 0, fails=[(e.message.offset, "x")]) for e in got])
+        await broker.commit("g")
         assert await store.count_dead_letters("g") == 2
-        assert await runner.redrive(None) == 2
-        got = (await runner.pull(10, 1000, None, [])).entries
+        assert await broker.redrive("g", None) == 2
+        got = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert [e.message.offset for e in got] == [0]
     async with running(store) as broker:  # restarted before the redrive finished
-        runner = broker.group("g")
         seen = []
         for _ in range(2):
-            got = (await runner.pull(10, 1000, None, [])).entries
+            got = (await broker.pull("g", 10, 1000, None, [])).deliveries
             seen += [e.message.offset for e in got]
-            runner.apply(ack_all(got))
+            broker.ack("g", ack_all(got))
         assert seen == [0, 1]
-        await runner.commit()
+        await broker.commit("g")
         assert await store.load_redriving("g") == []
         assert await store.count_dead_letters("g") == 0
 
@@ -144,11 +136,10 @@ async def test_shutdown_releases_long_polls_and_refuses_work() -> None:
     async with running(store) as broker:
         await broker.create_topic("t", 1)
         await broker.put_group("g", config())
-        runner = broker.group("g")
         done = anyio.Event()
 
         async def poll() -> None:
-            await runner.pull(10, 20_000, None, [])
+            await broker.pull("g", 10, 20_000, None, [])
             done.set()
 
         async with anyio.create_task_group() as tg:
@@ -158,7 +149,7 @@ async def test_shutdown_releases_long_polls_and_refuses_work() -> None:
             with anyio.fail_after(2):
                 await done.wait()
         with pytest.raises(ShuttingDown):
-            await broker.produce("t", items("a"), now())
+            await broker.produce("t", items("a"))
 
 
 async def test_group_update_keeps_progress_and_validation_errors() -> None:
@@ -167,25 +158,24 @@ async def test_group_update_keeps_progress_and_validation_errors() -> None:
         await broker.create_topic("t", 1)
         await broker.create_topic("u", 1)
         await broker.put_group("g", config())
-        await broker.produce("t", items("a", "b"), now())
-        runner = broker.group("g")
-        got = (await runner.pull(1, 1000, None, [])).entries
-        runner.apply(ack_all(got))
+        await broker.produce("t", items("a", "b"))
+        got = (await broker.pull("g", 1, 1000, None, [])).deliveries
+        broker.ack("g", ack_all(got))
         _, created = await broker.put_group(
             "g", config(topics={"t": {"order_by": "key"}, "u": {"order_by": "none"}})
         )
         assert not created
-        left = (await broker.group("g").pull(10, 1000, None, [])).entries
+        left = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert [e.message.offset for e in left] == [1]
         with pytest.raises(TopicNotFound):
             await broker.put_group("h", config(topics={"nope": {}}))
         with pytest.raises(GroupNotFound):
-            broker.group("h")
+            broker.describe_group("h")
         with pytest.raises(InvalidRequest):
-            await broker.produce("t", [ProduceItem(b"1", qid=5)], now())
+            await broker.produce("t", [ProduceItem(b"1", qid=5)])
         await broker.delete_group("g")
         with pytest.raises(GroupNotFound):
-            broker.group("g")
+            broker.describe_group("g")
         assert await store.load_progress("g") == {}
 
 
@@ -203,10 +193,10 @@ async def test_a_crashing_background_task_is_restarted(caplog: pytest.LogCapture
     store.read = flaky_read  # type: ignore[method-assign]
     async with running(store) as broker:
         await broker.create_topic("t", 1)
-        await broker.produce("t", items("a"), now())  # stored before the group exists
+        await broker.produce("t", items("a"))  # stored before the group exists
         await broker.put_group("g", config())
         with anyio.fail_after(10):
-            got = (await broker.group("g").pull(10, 5000, None, [])).entries
+            got = (await broker.pull("g", 10, 5000, None, [])).deliveries
         assert [e.message.key for e in got] == ["a"]
     assert "task=fetcher crashed" in caplog.text
 

@@ -1,26 +1,54 @@
-"""Drive a ``GroupEngine`` by hand: an in-memory log, a fake clock, no I/O."""
+"""Drive a ``GroupEngine`` by hand: an in-memory log, a fake clock, no I/O.
+
+Reads go through the same loop the broker uses (``cproxy.broker.drive``); the log's ``read``
+never suspends, so the coroutine is run to completion without an event loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
 
 import orjson
 
+from cproxy.broker.drive import fetch_all
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.records import Result
-from cproxy.engine.sequencer import Entry
+from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.model import Message, QueueProgress, QueueRef
+
+T = TypeVar("T")
+
+
+def run_now(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (the harness log's reads do not)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise AssertionError("the coroutine suspended")
+
+
+class Log:
+    """Messages per queue; ``read`` is the store's range read."""
+
+    def __init__(self, refs: Iterable[QueueRef]) -> None:
+        self.queues: dict[QueueRef, list[Message]] = {ref: [] for ref in refs}
+        self.reads = 0
+
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+        self.reads += 1
+        return self.queues[(topic, qid)][from_offset : from_offset + max_count]
 
 
 class Harness:
     def __init__(self, queues: int = 1, topic: str = "t", **config: Any) -> None:
         config.setdefault("topics", {topic: {"order_by": "key"}})
         self.config = GroupConfig.from_dict(config)
-        self.log: dict[QueueRef, list[Message]] = {
-            (t, q): [] for t in self.config.topics for q in range(queues)
-        }
+        self.store = Log((t, q) for t in self.config.topics for q in range(queues))
+        self.log = self.store.queues
         self.now = 1_000_000
         self.topic = topic
         self.engine = self.new_engine({ref: QueueProgress(0) for ref in self.log})
@@ -47,35 +75,29 @@ class Harness:
 
     def fetch(self) -> None:
         """Serve every read the engine plans until it plans none."""
-        while requests := self.engine.plan_fetches(self.now):
-            for r in requests:
-                queue = self.log[(r.topic, r.qid)]
-                if r.is_reload:
-                    found = [
-                        m
-                        for m in queue[r.from_offset : r.upto]
-                        if self.engine.order_value(m) == r.chain_value
-                    ][: r.max_count]
-                    scanned = found[-1].offset + 1 if len(found) == r.max_count else r.upto
-                    self.engine.on_fetched(r, found, scanned)
-                else:
-                    self.engine.on_fetched(r, queue[r.from_offset : r.from_offset + r.max_count])
+        run_now(fetch_all(self.engine, self.store, self.now))
 
-    def pull(self, n: int = 100, topics: Iterable[str] | None = None) -> list[Entry]:
+    def serve(self, requests: Sequence[Any]) -> None:
+        """Hand back reads planned earlier, as a driver would."""
+        for r in requests:
+            found = run_now(self.store.read(r.topic, r.qid, r.from_offset, r.max_count))
+            self.engine.on_fetched(r, found)
+
+    def pull(self, n: int = 100, topics: Iterable[str] | None = None) -> list[Delivery]:
         self.fetch()
         return self.engine.pull(n, list(topics) if topics else None, self.now)
 
-    def ack(self, *entries: Entry) -> tuple[int, list[Any]]:
+    def ack(self, *deliveries: Delivery) -> Outcome:
         return self.engine.apply_results(
-            [Result(e.message.topic, e.message.qid, acks=[e.message.offset]) for e in entries],
+            [Result(d.message.topic, d.message.qid, acks=[d.message.offset]) for d in deliveries],
             self.now,
         )
 
-    def fail(self, *entries: Entry, error: str = "boom") -> tuple[int, list[Any]]:
+    def fail(self, *deliveries: Delivery, error: str = "boom") -> Outcome:
         return self.engine.apply_results(
             [
-                Result(e.message.topic, e.message.qid, fails=[(e.message.offset, error)])
-                for e in entries
+                Result(d.message.topic, d.message.qid, fails=[(d.message.offset, error)])
+                for d in deliveries
             ],
             self.now,
         )
@@ -85,9 +107,9 @@ class Harness:
         self.engine.tick(self.now)
 
 
-def keys(entries: Iterable[Entry]) -> list[str | None]:
-    return [e.message.key for e in entries]
+def keys(deliveries: Iterable[Delivery]) -> list[str | None]:
+    return [d.message.key for d in deliveries]
 
 
-def offsets(entries: Iterable[Entry]) -> list[int]:
-    return [e.message.offset for e in entries]
+def offsets(deliveries: Iterable[Delivery]) -> list[int]:
+    return [d.message.offset for d in deliveries]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from cproxy.engine import operations
 from cproxy.engine.records import Result
-from cproxy.engine.sequencer import State
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, keys, offsets
 
@@ -99,7 +97,7 @@ def test_ack_timeout_redelivers() -> None:
     h.advance(1)
     again = h.pull(1)
     assert again[0].attempt == 2
-    assert h.engine.counters["t"].timed_out == 1
+    assert h.engine.stats().topics[0].timed_out == 1
     assert h.ack(first[0])[0] == 1  # the same message is in flight again: the ack applies
     assert h.ack(first[0]) == (0, [("t", 0, 0)])  # now it is not
 
@@ -128,15 +126,15 @@ def test_block_mode_holds_the_key_until_skip_or_release() -> None:
     h.fail(got["a"])
     h.ack(got["b"])
     assert keys(h.pull()) == ["b"]
-    rows = operations.blocked_keys(h.engine)
+    rows = h.engine.blocked_keys()
     exhausted = [r for r in rows if r.state == "exhausted"]
     assert [(r.order_value, r.offset, r.waiting) for r in exhausted] == [("a", 0, 1)]
-    ref = operations.release(h.engine, "t", "a", None)
+    ref = h.engine.release("t", "a", None)
     assert ref == ("t", 0, 0)
     again = h.pull()
     assert [(e.message.offset, e.attempt) for e in again] == [(0, 1)]
     h.fail(*again)
-    operations.skip(h.engine, "t", "a", None, h.now)
+    h.engine.skip("t", "a", None, h.now)
     assert offsets(h.pull()) == [1]
     dead = h.engine.take_commit().dead_letters
     assert [d.message.offset for d in dead] == [0]
@@ -151,21 +149,21 @@ def test_finished_messages_are_not_kept_alive_by_deadline_heaps() -> None:
     h.fail(*got[:500])  # retrying: their heap items are live
     h.ack(*got[500:])
     h.fetch()
-    live = len(h.engine.in_flight) + h.engine.retrying
-    # Only live items (plus a small slack) may stay referenced from the heaps.
+    stats = h.engine.stats()
+    live = stats.in_flight + stats.retrying
+    # Only live items (plus a small slack) may stay referenced from the heaps (white box).
     assert len(h.engine._timeouts) + len(h.engine._retries) <= 2 * live + 128
-    assert {id(e) for e in h.engine.retrying_entries()} == {id(e) for e in got[:500]}
-    for entry in h.engine.retrying_entries():
-        assert entry.state is State.RETRYING
+    retrying = {(b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "retrying"}
+    assert retrying == {(d.message.qid, d.message.offset) for d in got[:500]}
 
 
 def test_results_for_unknown_offsets_change_nothing() -> None:
     h = Harness()
     h.produce("a")
-    got = h.pull()
+    h.pull()
     applied, unknown = h.engine.apply_results([Result("t", 0, acks=[5, 0])], h.now)
     assert applied == 1 and unknown == [("t", 0, 5)]
-    assert got[0].state is State.DONE
+    assert h.engine.stats().in_flight == 0 and h.engine.stats().buffered == 0
 
 
 def test_extend_pushes_the_deadline() -> None:
@@ -175,7 +173,7 @@ def test_extend_pushes_the_deadline() -> None:
     h.advance(900)
     assert h.engine.extend([got[0].message.ref], 1000, h.now) == (1, [])
     h.advance(900)
-    assert h.pull() == [] and got[0].state is State.IN_FLIGHT
+    assert h.pull() == [] and h.engine.stats().in_flight == 1
     h.advance(100)
     assert h.pull()[0].attempt == 2
 
@@ -202,22 +200,22 @@ def test_buffer_is_bounded_and_stuck_keys_are_parked() -> None:
     done: list[int] = []
     for _ in range(200):
         got = h.pull()
-        assert h.engine.buffered <= 20
+        assert h.engine.stats().buffered <= 20
         if not got:
             break
         assert "stuck" not in keys(got)
         h.ack(*got)
         done += offsets(got)
     assert len(done) == 100  # every healthy key got through
-    assert h.engine.partitions[("t", 0)].tracker.base == 0  # never past the stuck head
+    assert h.engine.stats().queues[0].committed_offset == 0  # never past the stuck head
     h.ack(*stuck)
     order: list[int] = []
     while got := h.pull():
-        assert keys(got) == ["stuck"] and h.engine.buffered <= 20
+        assert keys(got) == ["stuck"] and h.engine.stats().buffered <= 20
         order += offsets(got)
         h.ack(*got)
     assert order == list(range(1, 201, 2))  # reloaded from the store, in offset order
-    assert h.engine.partitions[("t", 0)].tracker.base == 201
+    assert h.engine.stats().queues[0].committed_offset == 201
 
 
 def test_a_deep_healthy_backlog_is_not_parked() -> None:
@@ -225,13 +223,13 @@ def test_a_deep_healthy_backlog_is_not_parked() -> None:
     for i in range(100):
         h.produce(f"k{i % 4}")
     got = h.pull()
-    assert len(got) == 4 and h.engine.buffered == 20
+    assert len(got) == 4 and h.engine.stats().buffered == 20
     h.fetch()
-    assert h.engine.sequencer.waiting == 16  # heads just delivered: nothing parked
+    assert h.engine.stats().waiting == 16  # heads just delivered: nothing parked
     h.advance(1000)  # now the heads count as stuck: park until the buffer is 3/4 full
     h.engine.plan_fetches(h.now)
-    assert h.engine.buffered <= 15
-    assert sum(c.is_parked for c in h.engine.sequencer.chains.values()) == 2
+    assert h.engine.stats().buffered <= 15
+    assert h.engine.stats().parked_keys == 2
 
 
 def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
@@ -245,7 +243,7 @@ def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
         h.produce(k)
     h.fetch()
     assert not h.produce_and_offer("g")  # buffer full (3 in flight... + 3 read)
-    assert h.engine.partitions[("t", 0)].end_offset == 7
+    assert h.engine.stats().queues[0].next_offset == 7
 
 
 def test_a_planned_read_never_overshoots_the_bound_after_an_offer() -> None:
@@ -255,12 +253,12 @@ def test_a_planned_read_never_overshoots_the_bound_after_an_offer() -> None:
     requests = h.engine.plan_fetches(h.now)  # planned while the buffer was empty
     for i in range(4):
         h.produce_and_offer(f"k{i}", qid=0)  # offers on queue 0 fill the buffer
-    assert h.engine.buffered == 4
+    assert h.engine.stats().buffered == 4
     for r in requests:
         queue = h.log[(r.topic, r.qid)]
         h.engine.on_fetched(r, queue[r.from_offset : r.from_offset + r.max_count])
-    assert h.engine.buffered == 4
-    assert h.engine.partitions[("t", 1)].fetch_offset == 0  # nothing skipped: read again later
+    assert h.engine.stats().buffered == 4
+    assert h.engine.stats().queues[1].fetch_offset == 0  # nothing skipped: read again later
 
 
 def test_seek_drops_memory_and_replays() -> None:
@@ -270,12 +268,12 @@ def test_seek_drops_memory_and_replays() -> None:
             h.produce(k, qid=q)
     got = h.pull()
     h.ack(*got)
-    operations.seek(h.engine, "t", {0: 0})
+    h.engine.seek("t", {0: 0})
     replay = h.pull()
     assert sorted((e.message.qid, e.message.offset) for e in replay) == [(0, 0), (0, 1)]
-    operations.seek(h.engine, "t", {0: 2, 1: 2})
+    h.engine.seek("t", {0: 2, 1: 2})
     assert h.pull() == []
-    assert h.engine.buffered == 0
+    assert h.engine.stats().buffered == 0
 
 
 def test_redrive_delivers_dead_letters_again_in_order() -> None:
@@ -286,7 +284,7 @@ def test_redrive_delivers_dead_letters_again_in_order() -> None:
         h.fail(*h.pull())
     dead = h.engine.take_commit().dead_letters
     assert [d.message.offset for d in dead] == [0, 1, 2]
-    assert operations.redrive(h.engine, dead) == 3
+    assert h.engine.redrive(dead) == 3
     seen = []
     while got := h.pull():
         assert len(got) == 1 and got[0].attempt == 1

@@ -1,0 +1,176 @@
+"""Every JSON shape the HTTP API sends, in one place (docs/api.md describes them).
+
+Routes hand the broker's snapshots to these functions and send the result with
+``json_response``. Stored message bodies and headers are already valid JSON, so they are
+embedded verbatim with ``orjson.Fragment`` instead of being decoded and encoded again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from cproxy.broker.broker import GroupSummary, GroupView
+from cproxy.broker.runner import PullResult
+from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
+from cproxy.model import AppendResult, DeadLetter, Message, MessageRef, QueueStats, TopicInfo
+
+_NULL = orjson.Fragment(b"null")
+
+
+def json_response(payload: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
+
+
+def error(status_code: int, code: str, message: str) -> Response:
+    return json_response({"error": {"code": code, "message": message}}, status_code)
+
+
+# -- topics and produce ----------------------------------------------------------------------
+def topic(info: TopicInfo) -> dict[str, Any]:
+    return {"name": info.name, "queues": info.queues}
+
+
+def topics(infos: Iterable[TopicInfo]) -> dict[str, Any]:
+    return {"topics": [topic(t) for t in infos]}
+
+
+def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]:
+    return {
+        **topic(info),
+        "queue_stats": [
+            {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
+            for s in stats
+        ],
+    }
+
+
+def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
+    return {
+        "results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]
+    }
+
+
+# -- consuming -------------------------------------------------------------------------------
+def _message(m: Message) -> dict[str, Any]:
+    return {
+        "topic": m.topic,
+        "qid": m.qid,
+        "offset": m.offset,
+        "key": m.key,
+        "body": orjson.Fragment(m.body_json),
+        "headers": orjson.Fragment(m.headers_json) if m.headers_json else _NULL,
+    }
+
+
+def delivery(d: Delivery) -> dict[str, Any]:
+    out = _message(d.message)
+    out["attempt"] = d.attempt
+    out["produced_at_ms"] = d.message.produced_at_ms
+    return out
+
+
+def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
+    return [{"topic": t, "qid": q, "offset": o} for t, q, o in items]
+
+
+def outcome(o: Outcome) -> dict[str, Any]:
+    return {"applied": o.applied, "unknown": refs(o.unknown)}
+
+
+def pull_result(r: PullResult) -> dict[str, Any]:
+    return {
+        "messages": [delivery(d) for d in r.deliveries],
+        "results": {"applied": r.applied, "unknown": refs(r.unknown)},
+    }
+
+
+# -- groups ----------------------------------------------------------------------------------
+def group_list(groups: Iterable[GroupSummary]) -> dict[str, Any]:
+    return {"groups": [{"name": g.name, "topics": list(g.topics)} for g in groups]}
+
+
+def group_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, **config}
+
+
+def _stats(stats: GroupStats, dead_lettered: int) -> dict[str, Any]:
+    return {
+        "queues": [
+            {
+                "topic": q.topic,
+                "qid": q.qid,
+                "committed_offset": q.committed_offset,
+                "next_offset": q.next_offset,
+                "lag": q.lag,
+            }
+            for q in stats.queues
+        ],
+        "ready": stats.ready,
+        "in_flight": stats.in_flight,
+        "waiting": stats.waiting,
+        "retrying": stats.retrying,
+        "exhausted": stats.exhausted,
+        "buffered": stats.buffered,
+        "blocked_keys": stats.blocked_keys,
+        "parked_keys": stats.parked_keys,
+        "dead_lettered": dead_lettered,
+    }
+
+
+def group_view(view: GroupView) -> dict[str, Any]:
+    return {
+        **group_config(view.name, view.config.to_dict()),
+        "stats": _stats(view.stats, view.dead_lettered),
+    }
+
+
+def dead_letters(rows: Iterable[DeadLetter]) -> dict[str, Any]:
+    out = []
+    for d in rows:
+        item = _message(d.message)
+        item["id"] = d.message.id
+        item["produced_at_ms"] = d.message.produced_at_ms
+        item["attempts"] = d.attempts
+        item["last_error"] = d.last_error
+        item["dead_lettered_at_ms"] = d.dead_lettered_at_ms
+        out.append(item)
+    return {"dead_letters": out}
+
+
+def blocked_keys(rows: Iterable[BlockedKey]) -> dict[str, Any]:
+    return {
+        "blocked_keys": [
+            {
+                "topic": b.topic,
+                "order_value": b.order_value,
+                "qid": b.qid,
+                # "offset" names the head like every other message reference does;
+                # "head_offset" is the contract's name for the same number.
+                "offset": b.offset,
+                "head_offset": b.offset,
+                "state": b.state,
+                "attempts": b.attempts,
+                "last_error": b.last_error,
+                "blocked_since_ms": b.blocked_since_ms,
+                "waiting": b.waiting,
+                "parked": b.parked,
+            }
+            for b in rows
+        ]
+    }
+
+
+def ref(action: str, r: MessageRef) -> dict[str, Any]:
+    """``{"skipped": {...}}`` / ``{"released": {...}}``: the head an action applied to."""
+    return {action: {"topic": r[0], "qid": r[1], "offset": r[2]}}
+
+
+def seek(topic_name: str, targets: dict[int, int]) -> dict[str, Any]:
+    return {
+        "topic": topic_name,
+        "offsets": [{"qid": q, "offset": o} for q, o in sorted(targets.items())],
+    }

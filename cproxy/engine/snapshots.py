@@ -1,0 +1,97 @@
+"""Frozen views the engine hands out: what callers may read, never a live container."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from cproxy.model import Message, MessageRef
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One message handed out to a consumer: ``attempt`` starts at 1."""
+
+    message: Message
+    attempt: int
+
+
+class Outcome(NamedTuple):
+    """What a batch of results (acks, fails, extends) did."""
+
+    #: Results that changed an in-flight message.
+    applied: int
+    #: Results for messages not in flight (finished, timed out and redelivered, never
+    #: delivered): they changed nothing.
+    unknown: list[MessageRef]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePosition:
+    """Where a group stands on one queue: ``lag = next_offset - committed_offset``."""
+
+    topic: str
+    qid: int
+    committed_offset: int
+    next_offset: int
+    lag: int
+    #: The next offset the group reads from the store (above it nothing is held yet).
+    fetch_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopicCounts:
+    """Per-topic gauges (ready, in flight, lag) and monotonic counters since start."""
+
+    topic: str
+    ready: int
+    in_flight: int
+    lag: int
+    delivered: int
+    acked: int
+    failed: int
+    timed_out: int
+    retried: int
+    dead_lettered: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStats:
+    """Counts of one group's held messages, by state, and its positions."""
+
+    queues: tuple[QueuePosition, ...]
+    topics: tuple[TopicCounts, ...]
+    ready: int
+    in_flight: int
+    waiting: int
+    retrying: int
+    exhausted: int
+    #: Messages held in memory in any state: bounded by ``max_buffered``.
+    buffered: int
+    #: Order values (and unordered messages) whose head is handed out, retrying or exhausted.
+    blocked_keys: int
+    parked_keys: int
+    #: Dead letters decided but not yet persisted (the next commit writes them).
+    pending_dead_letters: int
+
+
+@dataclass(frozen=True, slots=True)
+class BlockedKey:
+    """An order value whose head is not finished: handed out, retrying or exhausted."""
+
+    topic: str
+    #: None for an unordered message that is exhausted.
+    order_value: str | None
+    qid: int
+    #: The head's offset.
+    offset: int
+    #: "in_flight", "retrying" or "exhausted".
+    state: str
+    attempts: int
+    last_error: str | None
+    #: When the head was first handed out (ms since the epoch).
+    blocked_since_ms: int
+    #: Messages of this order value waiting in memory behind the head.
+    waiting: int
+    #: True when later messages of this order value were released from memory.
+    parked: bool
