@@ -34,6 +34,7 @@ from benchmarks.harness.load import (
     ORDERS,
     STALL_GROUP_CONFIG,
     STALLS,
+    ConsumerStats,
     consume,
     create_topic,
     delete_group,
@@ -63,21 +64,21 @@ TOPIC = "iso"
 END_STATS = ("buffered", "in_flight", "waiting", "retrying", "blocked_keys", "parked_keys")
 
 
+async def drain(side: Side, args: Any, group: str, stall: str, limit: float) -> ConsumerStats:
+    """The pullers of one run: ``stall``'s policy, max_messages 100, wait_ms 1000."""
+    policy = policy_for(stall, args.stall_every)
+    return await consume(
+        side.url, group, args.healthy_total, args.pullers, 100, policy=policy, time_limit_s=limit
+    )
+
+
 async def one_run(side: Side, args: Any, order: str, stall: str, tag: str) -> dict[str, Any]:
     group = f"iso-{order}-{stall}-{tag}"
     await put_group(side.admin, group, TOPIC, order, **args.group_config)
     limit = 600 if stall == "none" and order == "key" else args.time_limit
     try:
         with Probe(side.pid, args.profile, group) as p:
-            stats = await consume(
-                side.url,
-                group,
-                args.healthy_total,
-                args.pullers,
-                100,
-                policy=policy_for(stall, args.stall_every),
-                time_limit_s=limit,
-            )
+            stats = await drain(side, args, group, stall, limit)
         gstats = await group_stats(side.admin, group)
     finally:
         await delete_group(side.admin, group)
@@ -108,18 +109,7 @@ async def paired_run(side: Side, args: Any, order: str, stall: str, tag: str) ->
     try:
         with Probe(side.pid) as p:
             none, stalled = await asyncio.gather(
-                *(
-                    consume(
-                        side.url,
-                        group,
-                        args.healthy_total,
-                        args.pullers,
-                        100,
-                        policy=policy_for(s, args.stall_every),
-                        time_limit_s=args.time_limit,
-                    )
-                    for s, group in groups.items()
-                )
+                *(drain(side, args, g, s, args.time_limit) for s, g in groups.items())
             )
     finally:
         for group in groups.values():
