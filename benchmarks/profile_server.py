@@ -14,46 +14,34 @@ the GIL back after a hand-off) as thread hand-offs. *Self* time is where the
 innermost frame is; *inclusive* time counts a function once per sample that has it anywhere
 on the stack.
 
-    .venv/bin/python -m benchmarks.profile_server --quick
-    .venv/bin/python -m benchmarks.profile_server --messages 60000 --json prof.json --raw prof.txt
+    python -m benchmarks.profile_server --quick
+    python -m benchmarks.profile_server --messages 60000 --json prof.json --raw prof.txt
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks._common import machine_facts, markdown_table
-from benchmarks._load import (
-    Probe,
-    ServerProcess,
+from benchmarks.harness.ab import sides
+from benchmarks.harness.load import (
     consume,
     create_topic,
-    git_commit,
     key_stride,
-    load_average,
     make_batches,
     produce,
     put_group,
     run_loop,
 )
+from benchmarks.harness.probe import Probe, PySpy
+from benchmarks.harness.report import arg_parser, finish, load_average, machine_facts, table
+from benchmarks.harness.server import ServerProcess, servers
 
 #: (layer, path prefixes of the frame's file as py-spy prints it: relative to sys.path).
 #: First match wins, innermost frame first.
@@ -158,17 +146,16 @@ def aggregate(raw: str) -> dict[str, Any]:
     }
 
 
-async def workload(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=server.url, timeout=120) as admin:
-        await create_topic(admin, "prof", 8)
-        await put_group(admin, "prof-g", "prof", "key")
+async def workload(args: Any, server: ServerProcess) -> dict[str, Any]:
+    async with sides([server]) as (side,):
+        await create_topic(side.admin, "prof", 8)
+        await put_group(side.admin, "prof-g", "prof", "key")
     batches = make_batches(args.messages, 100, 10_000, 100)
-    with Probe(server.pid, None, "prof") as p:
+    with Probe(server.pid) as p:
         t0 = time.perf_counter()
         consumer = asyncio.create_task(consume(server.url, "prof-g", args.messages, 4, 100))
         await produce(server.url, "prof", batches, 4, key_stride(100, 10_000))
-        stats = await consumer
-        elapsed = stats.healthy_done_at - t0
+        elapsed = (await consumer).healthy_done_at - t0
     return {
         "messages": args.messages,
         "msgs_per_s": round(args.messages / elapsed),
@@ -178,29 +165,16 @@ async def workload(args: argparse.Namespace, server: ServerProcess) -> dict[str,
     }
 
 
-def profiled(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
-    """Run the workload with py-spy attached; returns its results plus the aggregation."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    fd, name = tempfile.mkstemp(prefix="cproxy-spy-", suffix=".txt")
-    os.close(fd)
-    raw_path = Path(name)
-    cmd = [spy, "record", "--nonblocking", "--threads", "--rate", str(args.rate)]
-    cmd += ["--format", "raw", "-o", str(raw_path), "-p", str(server.pid)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        time.sleep(1.0)  # let py-spy attach
-        out = run_loop(lambda: workload(args, server))
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            _, err = proc.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _, err = proc.communicate()
-    raw = raw_path.read_text()
-    raw_path.unlink()
+def profiled(args: Any, server: ServerProcess) -> dict[str, Any]:
+    """Run the workload with py-spy attached; its results plus the aggregation."""
+    with tempfile.TemporaryDirectory(prefix="cproxy-spy-") as tmp:
+        raw_path = Path(tmp) / "stacks.txt"
+        with PySpy(server.pid, raw_path, args.rate, threads=True) as spy:
+            out = run_loop(lambda: workload(args, server))
+        raw = raw_path.read_text() if raw_path.exists() else ""
     if not raw:
-        raise RuntimeError(f"py-spy recorded nothing: {err.decode(errors='replace')[-2000:]}")
+        err = spy.stderr.decode(errors="replace")[-2000:]
+        raise RuntimeError(f"py-spy recorded nothing: {err}")
     if args.raw is not None:
         args.raw.write_text(raw)
     out["profile"] = aggregate(raw)
@@ -209,6 +183,10 @@ def profiled(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
 
 def report(out: dict[str, Any]) -> str:
     prof = out["profile"]
+
+    def share(header: str, rows: list[tuple[str, float]]) -> str:
+        return table([(header, lambda r: r[0]), ("% of busy samples", lambda r: r[1])], rows)
+
     return "\n".join(
         [
             f"## Server profile under mixed load (commit {out['commit']})",
@@ -220,55 +198,39 @@ def report(out: dict[str, Any]) -> str:
             "",
             "### By thread",
             "",
-            markdown_table(["thread", "% of busy samples"], prof["by_thread"]),
+            share("thread", prof["by_thread"]),
             "",
             "### By layer (innermost known frame)",
             "",
-            markdown_table(["layer", "% of busy samples"], prof["by_layer"]),
+            share("layer", prof["by_layer"]),
             "",
             "### Self time, top functions",
             "",
-            markdown_table(["function (file)", "% self"], prof["self"][:25]),
+            share("function (file)", prof["self"][:25]),
             "",
             "### Inclusive time, top functions",
             "",
-            markdown_table(["function (file)", "% inclusive"], prof["inclusive"][:40]),
+            share("function (file)", prof["inclusive"][:40]),
         ]
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="15,000 messages")
+def main() -> None:
+    parser = arg_parser(__doc__, "15,000 messages (~10 s)")
     parser.add_argument("--messages", type=int, help="default 200,000 (15,000 with --quick)")
     parser.add_argument("--aggregate", type=Path, help="only aggregate this raw file")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--raw", type=Path, help="also keep the collapsed stacks here")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     args.messages = args.messages or (15_000 if args.quick else 200_000)
     if args.aggregate is not None:
         print(json.dumps(aggregate(args.aggregate.read_text()), indent=1))
         return
     facts = machine_facts()
-    root = Path(tempfile.mkdtemp(prefix="cproxy-prof-"))
-    server = ServerProcess(root / "data")
-    try:
-        server.start()
+    with servers("cproxy-prof-", None) as (server,):
         out = profiled(args, server)
-    except BaseException:
-        print(server.log(), file=sys.stderr)
-        raise
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
-    out["rate"] = args.rate
-    out["commit"] = git_commit()
-    out["machine"] = facts
-    out["command"] = " ".join(["python -m benchmarks.profile_server", *(argv or sys.argv[1:])])
-    print(report(out))
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+    out |= {"rate": args.rate, "commit": server.source.commit, "machine": facts}
+    finish(out, args, "profile_server", report(out))
 
 
 if __name__ == "__main__":

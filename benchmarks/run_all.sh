@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Run every benchmark one after another (never in parallel: they would measure each other),
-# keeping each one's markdown output and JSON in OUTDIR. Used for docs/benchmarks.md.
+# keeping each one's markdown output, progress log and JSON in OUTDIR. Used for
+# docs/benchmarks.md. The server runs from this tree (PYTHONPATH), whatever the venv points at.
 #
-#   benchmarks/run_all.sh /tmp/bench-full           # full modes (about 45 minutes)
-#   benchmarks/run_all.sh /tmp/bench-quick --quick  # every script's --quick mode (~3 minutes)
+#   benchmarks/run_all.sh /tmp/bench-full            # full modes (about 30 minutes)
+#   benchmarks/run_all.sh /tmp/bench-quick --quick   # every script's --quick mode (~4 minutes)
+#   PY=/path/to/python benchmarks/run_all.sh OUT     # another interpreter (default .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${1:?usage: benchmarks/run_all.sh OUTDIR [--quick]}"
 QUICK="${2:-}"
-PY=.venv/bin/python
+PY="${PY:-.venv/bin/python}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
 {
   echo "commit $(git rev-parse --short HEAD)"
@@ -20,20 +23,15 @@ mkdir -p "$OUT"
 run() {
   local name="$1"; shift
   echo "== $name: $* ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$OUT/env.txt"
-  "$PY" "$@" > "$OUT/$name.md" 2> "$OUT/$name.log"
+  "$PY" -m "benchmarks.$name" $QUICK --json "$OUT/$name.json" "$@" > "$OUT/$name.md" 2> "$OUT/$name.log"
 }
-run store_raw benchmarks/store_raw.py $QUICK
-run matrix -m benchmarks.matrix $QUICK --json "$OUT/matrix.json"
-run isolation -m benchmarks.isolation $QUICK --json "$OUT/isolation.json"
-run memory -m benchmarks.memory $QUICK --json "$OUT/memory.json"
-run scaling -m benchmarks.scaling $QUICK --json "$OUT/scaling.json"
-run isolation_engine -m benchmarks.isolation_engine $QUICK --json "$OUT/isolation_engine.json"
-run profile -m benchmarks.profile_server $QUICK --json "$OUT/profile.json" --raw "$OUT/profile.txt"
-if [ -n "$QUICK" ]; then
-  run e2e -m benchmarks.e2e --quick --json "$OUT/e2e.json"
-  run sdk benchmarks/sdk_consumer.py --messages 5000 --rounds 3
-else
-  run e2e -m benchmarks.e2e --json "$OUT/e2e.json"
-  run sdk benchmarks/sdk_consumer.py --messages 20000 --rounds 7
-fi
+run store_raw
+run matrix
+run isolation
+run memory
+run scaling
+run isolation_engine
+run profile_server --raw "$OUT/profile_server.txt"
+run e2e
+if [ -n "$QUICK" ]; then run sdk_consumer; else run sdk_consumer --messages 20000 --rounds 7; fi
 echo "finished $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/env.txt"

@@ -1,218 +1,148 @@
 """Scaling shape: how cproxy's cost per message grows with message size, keys and queues,
 with the raw SQLite store's rate for the same messages measured in the same run.
 
-One ``cproxy serve`` subprocess; each cell is a fresh topic and group (order_by key) drained
-by 4 pullers while 4 closed-loop producers fill it (as in ``matrix.py``: rate = messages /
-first produce -> last delivery; ``batch`` is the produce batch and the pull max_messages).
+Cells as in ``matrix`` (``harness.cells``: fresh topic and group, 4 producers and 4 pullers
+at once, rate = messages / first produce -> last delivery):
 
-- size sweep    100 B, 1 KB, 10 KB, 100 KB bodies (10k keys, 8 queues; batch 100, and
-                fewer per call for big bodies so a call stays under 4 MiB)
+- size sweep    100 B, 1 KB, 10 KB, 100 KB bodies (10k keys, 8 queues; batch 100, fewer
+                per call for big bodies so a call stays under 4 MiB)
 - keys sweep    100, 1k, 10k, 100k keys (100 B, 8 queues, batch 100)
 - queues sweep  1, 8, 64, 256 queues (100 B, 10k keys, batch 100)
 
-For every size the raw store limit (``store_raw``: append, then sequential read, in this
-process) is measured for the same batch and body size; limit = 1 / (1/append + 1/read).
-Rounds are interleaved; medians are reported.
+For every size the raw store limit (1 / (1/append + 1/read), this process) is measured for
+the same batch and body size. Rounds are interleaved; medians. ``--ab REF``: as in matrix.
 
-    .venv/bin/python -m benchmarks.scaling --quick            # < 1 minute
-    .venv/bin/python -m benchmarks.scaling --json scaling.json
+    python -m benchmarks.scaling --quick               # < 1 minute
+    python -m benchmarks.scaling --json scaling.json   # full (about 70 s)
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import Any
 
-import httpx
-
-if __package__ in (None, ""):  # run as a file: make the repository importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks import store_raw
-from benchmarks._common import machine_facts, markdown_table
-from benchmarks._load import ServerProcess, git_commit, load_average, median, run_with_server
-from benchmarks.matrix import Cell, run_cell
+from benchmarks.harness.ab import ab_report, rounds, sides
+from benchmarks.harness.cells import AB_METRICS, Cell, describe, run_cell
+from benchmarks.harness.load import run_loop
+from benchmarks.harness.report import (
+    arg_parser,
+    finish,
+    machine_facts,
+    median,
+    pct,
+    progress,
+    table,
+)
+from benchmarks.harness.server import servers
+from benchmarks.harness.store import store_limit
 
 SIZES = (100, 1_000, 10_000, 100_000)
 MAX_CALL_BYTES = 4 * 2**20
+FULL_MESSAGES = {100: 30_000, 1_000: 20_000, 10_000: 3_000, 100_000: 400}
+QUICK_MESSAGES = {100: 3_000, 1_000: 2_000, 10_000: 400, 100_000: 60}
 
 
 def batch_for(size: int) -> int:
     return max(1, min(100, MAX_CALL_BYTES // (size + 200)))
 
 
-FULL_MESSAGES = {100: 30_000, 1_000: 20_000, 10_000: 3_000, 100_000: 400}
-QUICK_MESSAGES = {100: 3_000, 1_000: 2_000, 10_000: 400, 100_000: 60}
-
-
-def messages_for(size: int, quick: bool) -> int:
-    """Messages per size cell: 3-40 MB of bodies in the full mode."""
-    return (QUICK_MESSAGES if quick else FULL_MESSAGES)[size]
-
-
 def cells(quick: bool) -> list[Cell]:
-    out = [Cell("size", 10_000, batch_for(s), 4, 8, s) for s in SIZES]
-    keys = (100, 1_000, 10_000, 100_000) if not quick else (100, 100_000)
-    out += [Cell("keys", k, 100, 4) for k in keys if k != 10_000]
-    queues = (1, 8, 64, 256) if not quick else (1, 256)
-    out += [Cell("queues", 10_000, 100, 4, q) for q in queues if q != 8]
-    return out
-
-
-def cell_messages(cell: Cell, quick: bool) -> int:
-    if cell.sweep == "size":
-        return messages_for(cell.body_bytes, quick)
+    sized = QUICK_MESSAGES if quick else FULL_MESSAGES
     n = 4_000 if quick else 30_000
-    return n if quick else max(n, cell.keys)
+    out = [Cell("size", 10_000, batch_for(s), 4, 8, s, sized[s]) for s in SIZES]
+    keys = (100, 100_000) if quick else (100, 1_000, 100_000)
+    out += [Cell("keys", k, 100, 4, messages=n if quick else max(n, k)) for k in keys]
+    queues = (1, 256) if quick else (1, 64, 256)
+    return out + [Cell("queues", 10_000, 100, 4, q, messages=n) for q in queues]
 
 
-async def limits(quick: bool) -> dict[int, dict[str, float]]:
-    out: dict[int, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="cproxy-raw-") as tmp:
-        for size in SIZES:
-            n = max(200, messages_for(size, quick) // 2)
-            append, read = await store_raw.run_case(
-                store_raw.Case(batch_for(size), size), n, 8, 1000, Path(tmp), "normal"
-            )
-            out[size] = {
-                "messages": n,
-                "append_msgs_per_s": round(append.wall),
-                "read_msgs_per_s": round(read.wall),
-                "limit_msgs_per_s": round(1 / (1 / append.wall + 1 / read.wall)),
-                "cpu_us_per_msg": round(1e6 / append.cpu + 1e6 / read.cpu, 1),
-            }
-            print(f"raw store {size} B: {out[size]}", file=sys.stderr, flush=True)
+async def run(args: Any, the_servers: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"commits": {s.source.label: s.source.commit for s in the_servers}}
+    sized = QUICK_MESSAGES if args.quick else FULL_MESSAGES
+    out["store_limit"] = {}
+    for size in SIZES:
+        n = max(200, sized[size] // 2)
+        out["store_limit"][str(size)] = await store_limit(batch_for(size), size, n)
+        progress(f"raw store {size} B: {out['store_limit'][str(size)]}")
+    async with sides(the_servers) as the_sides:
+        out["cells"] = await rounds(
+            the_sides, cells(args.quick), args.repeat, lambda c: c.name, run_cell, describe
+        )
     return out
 
 
-async def run(args: argparse.Namespace, server: ServerProcess) -> dict[str, Any]:
-    out: dict[str, Any] = {"load_1m_at_start": load_average()}
-    out["store_limit"] = await limits(args.quick)
-    the_cells = cells(args.quick)
-    results: dict[str, list[dict[str, Any]]] = {c.name: [] for c in the_cells}
-    async with httpx.AsyncClient(base_url=server.url, timeout=300) as admin:
-        for rnd in range(args.repeat):
-            order = the_cells[rnd % len(the_cells) :] + the_cells[: rnd % len(the_cells)]
-            for cell in order:
-                n = cell_messages(cell, args.quick)
-                r = await run_cell(server.url, admin, server.pid, cell, n, f"s{rnd}")
-                results[cell.name].append(r)
-                print(
-                    f"round {rnd + 1} {cell.name:24s} {r['msgs_per_s']:7,} msgs/s "
-                    f"{r['mb_per_s']:6.1f} MB/s {r['server_cpu_us_per_msg']:7.1f} µs/msg "
-                    f"({r['server_core_share']:.0%} core) load {r['load_1m']}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    out["cells"] = results
-    out["load_1m_at_end"] = load_average()
-    return out
+def cell_table(out: dict[str, Any], the_cells: list[Cell], label: str) -> str:
+    def s(c: Cell, key: str) -> float:
+        return median([r[key] for r in out["cells"][label][c.name]])
 
+    def lim(c: Cell, key: str) -> Any:
+        return out["store_limit"][str(c.body_bytes)][key] if c.sweep == "size" else None
 
-def report(out: dict[str, Any], quick: bool) -> str:
-    rows = []
-    for cell in cells(quick):
-        runs = out["cells"][cell.name]
-        rate = median([r["msgs_per_s"] for r in runs])
-        cpu = median([r["server_cpu_us_per_msg"] for r in runs])
-        lim = out["store_limit"].get(cell.body_bytes) if cell.sweep == "size" else None
-        rows.append(
-            (
-                cell.sweep,
-                f"{cell.body_bytes:,} B",
-                f"{cell.keys:,}",
-                cell.queues,
-                cell.batch,
-                f"{runs[0]['messages']:,}",
-                f"{rate:,.0f}",
-                f"{median([r['mb_per_s'] for r in runs]):.1f}",
-                f"{cpu:.0f}",
-                f"{median([r['server_core_share'] for r in runs]):.0%}",
-                f"{lim['limit_msgs_per_s']:,}" if lim else "",
-                f"{rate / lim['limit_msgs_per_s']:.1%}" if lim else "",
-                f"{lim['cpu_us_per_msg'] / cpu:.0%}" if lim else "",
-            )
-        )
-    lim_rows = [
-        (
-            f"{size:,} B",
-            batch_for(size),
-            f"{v['append_msgs_per_s']:,}",
-            f"{v['read_msgs_per_s']:,}",
-            f"{v['limit_msgs_per_s']:,}",
-            f"{v['limit_msgs_per_s'] * size / 1e6:.1f}",
-            v["cpu_us_per_msg"],
-        )
-        for size, v in out["store_limit"].items()
-    ]
-    return "\n".join(
+    def vs_limit(c: Cell) -> str:
+        limit = lim(c, "limit_msgs_per_s")
+        return f"{s(c, 'msgs_per_s') / limit:.1%}" if limit else ""
+
+    def store_share(c: Cell) -> str:
+        cpu = lim(c, "cpu_us_per_msg")
+        return pct(cpu / s(c, "server_cpu_us_per_msg")) if cpu else ""
+
+    return table(
         [
-            f"## Scaling shape (commit {out['commit']}, {out['repeat']} rounds, medians)",
-            "",
-            markdown_table(
-                [
-                    "sweep",
-                    "body",
-                    "keys",
-                    "queues",
-                    "batch",
-                    "msgs/cell",
-                    "e2e msgs/s",
-                    "MB/s",
-                    "server µs CPU/msg",
-                    "server core use",
-                    "store limit msgs/s",
-                    "e2e / limit",
-                    "store share of server CPU",
-                ],
-                rows,
-            ),
-            "",
-            "### Raw store (same process)",
-            "",
-            markdown_table(
-                [
-                    "body",
-                    "batch",
-                    "append msgs/s",
-                    "read msgs/s",
-                    "limit msgs/s",
-                    "limit MB/s",
-                    "store µs CPU/msg",
-                ],
-                lim_rows,
-            ),
-        ]
+            ("sweep", lambda c: c.sweep),
+            ("body", lambda c: f"{c.body_bytes:,} B"),
+            ("keys", lambda c: c.keys),
+            ("queues", lambda c: c.queues),
+            ("batch", lambda c: c.batch),
+            ("msgs/cell", lambda c: c.messages),
+            ("e2e msgs/s", lambda c: f"{s(c, 'msgs_per_s'):,.0f}"),
+            ("MB/s", lambda c: f"{s(c, 'mb_per_s'):.1f}"),
+            ("server µs CPU/msg", lambda c: f"{s(c, 'server_cpu_us_per_msg'):.0f}"),
+            ("server core use", lambda c: pct(s(c, "server_core_share"))),
+            ("store limit msgs/s", lambda c: lim(c, "limit_msgs_per_s") or ""),
+            ("e2e / limit", vs_limit),
+            ("store share of server CPU", store_share),
+        ],
+        the_cells,
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer points and messages")
+def report(out: dict[str, Any], args: Any) -> str:
+    the_cells, commits = cells(args.quick), out["commits"]
+    text = [f"## Scaling shape (A = commit {commits['A']}, {args.repeat} rounds, medians)", ""]
+    if "B" in commits:
+        names = [c.name for c in the_cells]
+        text += ["### A/B", "", ab_report(out["cells"], names, AB_METRICS, commits), ""]
+    for label in out["cells"]:
+        text += [f"### Cells, server {label} ({commits[label]})", ""]
+        text += [cell_table(out, the_cells, label), ""]
+    limits = out["store_limit"]
+    text += ["### Raw store (this process)", ""]
+    text.append(
+        table(
+            [
+                ("body", lambda z: f"{int(z):,} B"),
+                ("batch", lambda z: batch_for(int(z))),
+                ("append msgs/s", lambda z: limits[z]["append_msgs_per_s"]),
+                ("read msgs/s", lambda z: limits[z]["read_msgs_per_s"]),
+                ("limit msgs/s", lambda z: limits[z]["limit_msgs_per_s"]),
+                ("limit MB/s", lambda z: f"{limits[z]['limit_msgs_per_s'] * int(z) / 1e6:.1f}"),
+                ("store µs CPU/msg", lambda z: limits[z]["cpu_us_per_msg"]),
+            ],
+            list(limits),
+        )
+    )
+    return "\n".join(text)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__, "fewer points and messages, 1 round (< 1 minute)", ab=True)
     parser.add_argument("--repeat", type=int, help="rounds (default 2; 1 with --quick)")
-    parser.add_argument("--json", type=Path, help="also write the raw results here")
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     args.repeat = args.repeat or (1 if args.quick else 2)
     facts = machine_facts()
-    started = time.perf_counter()
-    out = run_with_server("cproxy-scaling-", lambda server: run(args, server))
-    out["repeat"] = args.repeat
-    out["commit"] = git_commit()
+    with servers("cproxy-scaling-", args.ab) as the_servers:
+        out = run_loop(lambda: run(args, the_servers))
     out["machine"] = facts
-    out["command"] = " ".join(["python -m benchmarks.scaling", *(argv or sys.argv[1:])])
-    out["total_seconds"] = round(time.perf_counter() - started, 1)
-    print(report(out, args.quick))
-    print(
-        f"\n(total {out['total_seconds']} s, load {out['load_1m_at_start']} -> "
-        f"{out['load_1m_at_end']}, {facts.get('cpu')}, {facts.get('logical_cores')} cores)"
-    )
-    if args.json is not None:
-        args.json.write_text(json.dumps(out, indent=2, default=str))
+    finish(out, args, "scaling", report(out, args))
 
 
 if __name__ == "__main__":

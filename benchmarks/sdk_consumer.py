@@ -1,91 +1,51 @@
-"""SDK consumer throughput versus a raw HTTP puller, on the same data, in the same run.
+"""SDK consumers against the bare client core, on the same data, in the same run.
 
-Starts ``cproxy serve`` in a subprocess (or uses ``--url``), produces ``--messages`` messages
-over ``--keys`` keys into one topic, then lets each contender drain the topic in its own
-consumer group (every group sees every message), with a trivial handler:
+Produces ``--messages`` messages over ``--keys`` keys into one topic, then each contender
+drains it in its own group (every group sees every message) with a trivial handler:
 
-- ``raw``: an asyncio + httpx loop that pulls ``--batch`` messages and acks them on the next
-  pull (the smallest correct client);
+- ``client-core``: the smallest correct consumer: an ``AsyncClient.pull`` loop that acks on
+  the next pull (the baseline; what the consumers add on top is their overhead);
 - ``sdk-async``: ``AsyncConsumer`` with an ``async def`` handler;
 - ``sdk-sync``: ``Consumer`` with a plain function on its thread pool.
 
-Each round runs every contender once, in a rotating order, on its own fresh group. Reported:
-the median throughput per contender, the median of the per-round SDK/raw ratios (contenders of
-one round ran back to back, so their ratio suffers least from drift in machine load; target
->= 0.8), and the client's CPU time per message (process time, so the SDK's own overhead shows
-even on a busy machine).
+Each round runs every contender once, in rotating order, on a fresh group. Reported: median
+msgs/s, the median of per-round ratios to the baseline (contenders of one round ran back to
+back, so their ratio suffers least from drift in load; target >= 0.8), and client CPU per
+message (process time: the SDK's own overhead shows even on a busy machine).
+``--client-only`` answers pulls in-process (canned), so only the client's own work is timed.
 
-    .venv/bin/python benchmarks/sdk_consumer.py --messages 20000 --rounds 7
-    .venv/bin/python benchmarks/sdk_consumer.py --client-only --messages 100000
-
-``--client-only`` replaces the server by canned in-process answers, so only the client's own
-work is timed: the SDK's overhead per message, free of server speed and machine load.
+    python -m benchmarks.sdk_consumer --quick                    # 5,000 messages, 3 rounds
+    python -m benchmarks.sdk_consumer --messages 20000 --rounds 7
+    python -m benchmarks.sdk_consumer --client-only --messages 100000
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
-import socket
-import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import orjson
 
-from consumer_sdk import AsyncConsumer, Client, Consumer, Message, Producer
+from benchmarks.harness.report import arg_parser, finish, machine_facts, median, progress, table
+from benchmarks.harness.server import servers
+from consumer_sdk import (
+    AsyncClient,
+    AsyncConsumer,
+    Client,
+    Consumer,
+    Message,
+    Producer,
+    QueueResult,
+)
 
 TOPIC = "bench"
-
-
-@contextmanager
-def server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with tempfile.TemporaryDirectory() as data:
-        cmd = [
-            sys.executable,
-            "-m",
-            "cproxy.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--data-dir",
-            data,
-            "--log-level",
-            "warning",
-        ]
-        proc = subprocess.Popen(cmd)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(f"{base}/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("server did not start")
-                time.sleep(0.05)
-            yield base
-        finally:
-            proc.terminate()
-            proc.wait(30)
 
 
 def produce(url: str, messages: int, keys: int, queues: int) -> None:
@@ -99,38 +59,24 @@ def produce(url: str, messages: int, keys: int, queues: int) -> None:
             producer.send_batch(TOPIC, batch)
 
 
-def make_group(url: str, name: str, order_by: str) -> None:
-    with Client(url) as client:
-        client.put_group(name, {"topics": {TOPIC: {"order_by": order_by}}})
-
-
-async def run_raw(url: str, group: str, total: int, batch: int, transport: Any = None) -> float:
-    headers = {"content-type": "application/json"}
+async def run_core(url: str, group: str, total: int, batch: int, transport: Any) -> float:
     seen = 0
-    async with httpx.AsyncClient(base_url=url, timeout=60, transport=transport) as http:
-        results: list[dict[str, Any]] = []
+    async with AsyncClient(url, timeout_ms=60_000, transport=transport) as c:
+        results: list[QueueResult] = []
         started = time.perf_counter()
         while seen < total:
-            body = {"max_messages": batch, "wait_ms": 1000, "results": results}
-            response = await http.post(
-                f"/v1/groups/{group}/pull", content=orjson.dumps(body), headers=headers
-            )
-            messages = orjson.loads(response.content)["messages"]
+            pulled = await c.pull(group, max_messages=batch, wait_ms=1000, results=results)
             acks: dict[tuple[str, int], list[int]] = defaultdict(list)
-            for m in messages:
+            for m in pulled.messages:
                 seen += 1  # the trivial handler
-                acks[(m["topic"], m["qid"])].append(m["offset"])
-            results = [{"topic": t, "qid": q, "acks": offs} for (t, q), offs in acks.items()]
+                acks[(m.topic, m.qid)].append(m.offset)
+            results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
         elapsed = time.perf_counter() - started
-        await http.post(
-            f"/v1/groups/{group}/ack", content=orjson.dumps({"results": results}), headers=headers
-        )
+        await c.ack(group, results)
     return elapsed
 
 
-async def run_sdk_async(
-    url: str, group: str, total: int, batch: int, transport: Any = None
-) -> float:
+async def run_sdk_async(url: str, group: str, total: int, batch: int, transport: Any) -> float:
     seen = 0
     finished = asyncio.Event()
 
@@ -157,10 +103,8 @@ async def run_sdk_async(
     return elapsed
 
 
-def run_sdk_sync(url: str, group: str, total: int, batch: int, transport: Any = None) -> float:
-    lock = threading.Lock()
-    finished = threading.Event()
-    seen = 0
+def run_sdk_sync(url: str, group: str, total: int, batch: int, transport: Any) -> float:
+    lock, finished, seen = threading.Lock(), threading.Event(), 0
 
     def handle(msg: Message) -> None:
         nonlocal seen
@@ -187,8 +131,8 @@ def run_sdk_sync(url: str, group: str, total: int, batch: int, transport: Any = 
 
 
 def canned_transport(batch: int) -> httpx.MockTransport:
-    """An in-process stand-in for the server that answers every pull with ``batch`` ready
-    messages: what is left to measure is the client's own cost per message."""
+    """An in-process stand-in for the server (sync and async) that answer every pull with
+    ``batch`` ready messages: what is left to measure is the client's own cost."""
     messages = [
         {
             "topic": TOPIC,
@@ -212,58 +156,71 @@ def canned_transport(batch: int) -> httpx.MockTransport:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="use a running server instead of starting one")
-    parser.add_argument("--messages", type=int, default=20_000)
+    parser = arg_parser(__doc__, "5,000 messages, 3 rounds")
+    parser.add_argument("--messages", type=int, help="default 20,000 (5,000 with --quick)")
     parser.add_argument("--keys", type=int, default=1000)
     parser.add_argument("--queues", type=int, default=8)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--order-by", default="key")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--client-only",
-        action="store_true",
-        help="no server: answer pulls in-process, to measure the client's own overhead",
-    )
+    parser.add_argument("--client-only", action="store_true", help="canned in-process answers")
     args = parser.parse_args()
-    n, batch = args.messages, args.batch
+    n, batch = args.messages or (5_000 if args.quick else 20_000), args.batch
     transport = canned_transport(batch) if args.client_only else None
-
     contenders: dict[str, Callable[[str, str], float]] = {
-        "raw": lambda url, g: asyncio.run(run_raw(url, g, n, batch, transport)),
+        "client-core": lambda url, g: asyncio.run(run_core(url, g, n, batch, transport)),
         "sdk-async": lambda url, g: asyncio.run(run_sdk_async(url, g, n, batch, transport)),
         "sdk-sync": lambda url, g: run_sdk_sync(url, g, n, batch, transport),
     }
     names = list(contenders)
     rates: dict[str, list[float]] = defaultdict(list)
     cpu_us: dict[str, list[float]] = defaultdict(list)
-    with contextlib.nullcontext("http://canned") if args.client_only else server(args.url) as url:
+    facts = machine_facts()
+    with contextlib.ExitStack() as stack:
+        url = "http://canned"
         if not args.client_only:
-            produce(url, args.messages, args.keys, args.queues)
+            (server,) = stack.enter_context(servers("cproxy-sdk-", None))
+            url = server.url
+            produce(url, n, args.keys, args.queues)
         for rnd in range(args.rounds):
             for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
                 group = f"{name}-{rnd}-{os.getpid()}"
                 if not args.client_only:
-                    make_group(url, group, args.order_by)
+                    with Client(url) as c:
+                        c.put_group(group, {"topics": {TOPIC: {"order_by": args.order_by}}})
                 cpu = time.process_time()
                 elapsed = contenders[name](url, group)
-                cpu_us[name].append((time.process_time() - cpu) / args.messages * 1e6)
-                rates[name].append(args.messages / elapsed)
-                print(
-                    f"round {rnd + 1} {name:9s} {rates[name][-1]:8.0f} msg/s "
-                    f"{cpu_us[name][-1]:6.1f} us CPU/msg",
-                    flush=True,
-                )
-    print(
-        f"\n{args.messages} messages, {args.keys} keys, {args.queues} queues, "
-        f"batch {args.batch}, order_by {args.order_by}, {args.rounds} rounds (medians)"
+                cpu_us[name].append((time.process_time() - cpu) / n * 1e6)
+                rates[name].append(n / elapsed)
+                progress(f"round {rnd + 1} {name:11s} {rates[name][-1]:8.0f} msgs/s")
+    rows = [
+        {
+            "consumer": name,
+            "msgs_per_s": median(rates[name]),
+            "ratio": median(
+                [a / b for a, b in zip(rates[name], rates["client-core"], strict=True)]
+            ),
+            "client_cpu_us_per_msg": median(cpu_us[name]),
+        }
+        for name in names
+    ]
+    out = {"machine": facts, "messages": n, "rounds": args.rounds, "results": rows}
+    text = table(
+        [
+            ("consumer", lambda r: r["consumer"]),
+            ("msgs/s", lambda r: f"{r['msgs_per_s']:,.0f}"),
+            ("ratio to client-core (target >= 0.8)", lambda r: f"{r['ratio']:.2f}"),
+            ("client CPU per msg", lambda r: f"{r['client_cpu_us_per_msg']:.1f} µs"),
+        ],
+        rows,
     )
-    for name in names:
-        ratio = statistics.median(a / b for a, b in zip(rates[name], rates["raw"], strict=True))
-        print(
-            f"{name:9s} {statistics.median(rates[name]):8.0f} msg/s   "
-            f"ratio to raw {ratio:5.2f}   client CPU {statistics.median(cpu_us[name]):6.1f} us/msg"
-        )
+    where = "canned answers (client only)" if args.client_only else "a local server"
+    header = (
+        f"## SDK consumers against the client core ({n:,} messages, {args.keys:,} keys, "
+        f"{args.queues} queues, batch {batch}, order_by {args.order_by}, {where}, "
+        f"median of {args.rounds} rounds)"
+    )
+    finish(out, args, "sdk_consumer", f"{header}\n\n{text}")
 
 
 if __name__ == "__main__":

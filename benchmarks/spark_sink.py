@@ -10,74 +10,28 @@ Measures on ``local[2]`` against a real ``cproxy serve`` (started here in a temp
   which isolates the shuffle+sort cost from HTTP and the server.
 
 A small warm-up write runs first. On a shared 2-core machine the numbers move with whatever
-else runs; compare runs made back to back.
+else runs; compare runs made back to back. Needs pyspark and Java 17.
 
-Usage: ``python benchmarks/spark_sink.py [--quick] [--rows N] [--repeat N] [--url URL] [--json]``
-(1M rows by default, 100k with ``--quick``; the fastest of ``--repeat`` runs counts).
+    python -m benchmarks.spark_sink --quick       # 100k rows, best of 3
+    python -m benchmarks.spark_sink --json spark.json   # 1M rows, one run
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
-import httpx
-
-# This script is named like the package it measures: run as a file, its own directory would
-# come first on sys.path and shadow the package.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-from spark_sink import SinkOptions, WriteSummary, prepare  # noqa: E402
-from spark_sink.producer import check_service  # noqa: E402
-from spark_sink.rowjson import RowEncoder  # noqa: E402
-from spark_sink.writer import PartitionJob, write_with_options  # noqa: E402
-
-
-@contextmanager
-def server(url: str | None) -> Iterator[str]:
-    """The given URL, or a fresh ``cproxy serve`` on a free port in a temp dir."""
-    if url:
-        yield url
-        return
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    data_dir = tempfile.mkdtemp(prefix="cproxy-bench-")
-    cli = shutil.which("cproxy", path=str(Path(sys.executable).parent)) or "cproxy"
-    process = subprocess.Popen(
-        [cli, "serve", "--port", str(port), "--data-dir", data_dir],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    local = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"{local}/healthz", timeout=1.0).raise_for_status()
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise SystemExit("cproxy serve did not start") from None
-                time.sleep(0.2)
-        yield local
-    finally:
-        process.terminate()
-        process.wait(60)
-        shutil.rmtree(data_dir, ignore_errors=True)
+from benchmarks.harness.report import arg_parser, finish, machine_facts
+from benchmarks.harness.server import servers
+from spark_sink import SinkOptions, WriteSummary, prepare
+from spark_sink.producer import check_service
+from spark_sink.rowjson import RowEncoder
+from spark_sink.writer import PartitionJob, write_with_options
 
 
 def dataset(spark: Any, rows: int, keys: int) -> Any:
@@ -137,23 +91,19 @@ def count_rows(_: int, rows: Iterable[Any]) -> Iterator[int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="Spark sink throughput")
-    parser.add_argument("--quick", action="store_true", help="100k rows instead of 1M")
+    parser = arg_parser(__doc__, "100k rows instead of 1M, best of 3")
     parser.add_argument("--rows", type=int, default=None)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--url", default=None, help="use this server instead of starting one")
-    parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument(
-        "--repeat",
-        type=int,
-        default=None,
-        help="runs per measurement, fastest counts (default: 3 quick, 1 full)",
+        "--repeat", type=int, help="runs per measurement, fastest counts (default: 3 quick, 1)"
     )
     args = parser.parse_args()
     global REPEAT  # noqa: PLW0603 (a script-wide setting, set once here)
     REPEAT = args.repeat or (3 if args.quick else 1)
     rows = args.rows or (100_000 if args.quick else 1_000_000)
+    facts = machine_facts()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
@@ -169,8 +119,9 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     df = dataset(spark, rows, args.keys)
-    results: dict[str, float] = {}
-    with server(args.url) as url:
+    results: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(servers("cproxy-spark-", None))[0].url
         # Warm up Python workers and the JVM so the first measurement is not penalised.
         warm = dataset(spark, 10_000, 100)
         write_with_options(warm, new_options(url), service_checked=True)
@@ -180,9 +131,6 @@ def main() -> None:
         sorted_s, _ = timed(
             lambda: prepare(df, "key", "seq").rdd.mapPartitionsWithIndex(count_rows).sum()
         )
-        results["spark_only_unordered_s"] = plain_s
-        results["spark_only_ordered_s"] = sorted_s
-
         unordered_s, unordered = timed(
             lambda: unordered_write(df, new_options(url, batch_size=args.batch_size))
         )
@@ -194,37 +142,35 @@ def main() -> None:
             return write_with_options(df, topics[-1], service_checked=True)
 
         ordered_s, ordered = timed(ordered_run)
-        ordered_options = topics[-1]
-        rewrite_s, rewrite = timed(
-            lambda: write_with_options(df, ordered_options, service_checked=True)
-        )
-    assert ordered.stored == rows and unordered.stored == rows, (ordered, unordered)
-    assert rewrite.duplicates == rows, rewrite
+        rewrite_s, rewrite = timed(lambda: write_with_options(df, topics[-1], service_checked=True))
+    spark.stop()
+    if ordered.stored != rows or unordered.stored != rows or rewrite.duplicates != rows:
+        raise RuntimeError(f"rows lost or stored twice: {ordered} {unordered} {rewrite}")
     results.update(
+        machine=facts,
         rows=rows,
-        ordered_s=ordered_s,
-        unordered_s=unordered_s,
-        rewrite_s=rewrite_s,
+        keys=args.keys,
+        best_of=REPEAT,
+        spark_only_unordered_s=plain_s,
+        spark_only_ordered_s=sorted_s,
         ordered_rows_per_s=rows / ordered_s,
         unordered_rows_per_s=rows / unordered_s,
         rewrite_rows_per_s=rows / rewrite_s,
         ordering_overhead_pct=100 * (ordered_s - unordered_s) / unordered_s,
     )
-    spark.stop()
-    if args.json:
-        print(json.dumps(results, indent=2))
-        return
-    print(
-        f"rows: {rows:,} over {args.keys:,} keys, batch_size {args.batch_size}, local[2], "
-        f"best of {REPEAT}"
+    text = "\n".join(
+        [
+            f"## Spark sink: {rows:,} rows over {args.keys:,} keys, batch_size "
+            f"{args.batch_size}, local[2], best of {REPEAT}",
+            "",
+            f"- ordered write   {ordered_s:7.1f} s  {rows / ordered_s:10,.0f} rows/s",
+            f"- unordered write {unordered_s:7.1f} s  {rows / unordered_s:10,.0f} rows/s",
+            f"- rewrite (dups)  {rewrite_s:7.1f} s  {rows / rewrite_s:10,.0f} rows/s",
+            f"- ordering overhead: {results['ordering_overhead_pct']:+.1f}% (Spark side "
+            f"alone: {plain_s:.1f} s unordered vs {sorted_s:.1f} s ordered)",
+        ]
     )
-    print(f"  ordered write   {ordered_s:7.1f}s  {rows / ordered_s:10,.0f} rows/s")
-    print(f"  unordered write {unordered_s:7.1f}s  {rows / unordered_s:10,.0f} rows/s")
-    print(f"  rewrite (dups)  {rewrite_s:7.1f}s  {rows / rewrite_s:10,.0f} rows/s")
-    print(
-        f"  ordering overhead: {results['ordering_overhead_pct']:+.1f}% "
-        f"(spark side alone: {plain_s:.1f}s unordered vs {sorted_s:.1f}s ordered)"
-    )
+    finish(results, args, "spark_sink", text)
 
 
 if __name__ == "__main__":

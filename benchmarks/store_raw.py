@@ -1,62 +1,32 @@
 """Raw SQLite store throughput: the ceiling the end-to-end numbers are compared against.
 
-Appends pre-built batches from one coroutine (so only the store is measured, not request
-parsing), then reads every queue back sequentially. Each case uses a fresh database.
-Rates are given per wall-clock second and per CPU second of this process (all threads): on a
-shared machine the second one is the steadier measure of what the store itself costs.
+*One appender*: pre-built batches appended from one coroutine (only the store is measured,
+not request parsing), then every queue read back sequentially; a fresh database per case.
+Rates per wall-clock second and per CPU second of this process (all threads): on a shared
+machine the second one is the steadier measure of what the store costs.
 
-A second table has several coroutines appending at once (as concurrent produce calls do),
-each case run with group commit off (one thread hop and one transaction per call, the old
-path) and on (the calls queued while the writer is busy share one hop and one transaction).
+*Concurrent*: several coroutines append at once (as concurrent produce calls do), each case
+with group commit off (one thread hop and one transaction per call) and on (calls queued
+while the writer is busy share one hop and one transaction); interleaved runs, medians.
 
-    .venv/bin/python benchmarks/store_raw.py            # 200k messages per case
-    .venv/bin/python benchmarks/store_raw.py --quick    # 20k messages per case
-    .venv/bin/python benchmarks/store_raw.py --table concurrent --appenders 8 --repeat 3
+    python -m benchmarks.store_raw               # 200k messages per case
+    python -m benchmarks.store_raw --quick       # 20k messages per case
+    python -m benchmarks.store_raw --table concurrent --appenders 8 --repeat 3
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import platform
-import sqlite3
-import statistics
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from benchmarks.harness.report import arg_parser, finish, machine_facts, median, table
+from benchmarks.harness.store import Case, Meter, append_and_read, store_batches
 from cproxy.model import NewMessage
 from cproxy.store.sqlite import SqliteStore
-
-
-@dataclass(frozen=True)
-class Rate:
-    wall: float
-    cpu: float
-
-
-class Meter:
-    """Messages per wall-clock second and per process CPU second over a ``with`` block."""
-
-    def __enter__(self) -> Meter:
-        self._wall, self._cpu = time.perf_counter(), time.process_time()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.wall = time.perf_counter() - self._wall
-        self.cpu = time.process_time() - self._cpu
-
-    def rate(self, count: int) -> Rate:
-        return Rate(count / self.wall, count / max(self.cpu, 1e-9))
-
-
-@dataclass(frozen=True)
-class Case:
-    batch: int
-    body_bytes: int
-    with_ids: bool = False
-
 
 CASES = (
     Case(100, 100),
@@ -65,91 +35,33 @@ CASES = (
     Case(500, 1024),
     Case(500, 100, with_ids=True),
 )
-
-
-def make_batches(case: Case, total: int, queues: int) -> list[list[NewMessage]]:
-    # A JSON string body padded to the requested size, as the HTTP layer would store it.
-    body = b'{"p":"' + b"x" * max(case.body_bytes - 8, 0) + b'"}'
-    messages = [
-        NewMessage(
-            qid=i % queues,
-            key=f"key-{i % 1000}",
-            body_json=body,
-            id=f"msg-{i}" if case.with_ids else None,
-        )
-        for i in range(total)
-    ]
-    return [messages[i : i + case.batch] for i in range(0, total, case.batch)]
-
-
-async def run_case(
-    case: Case, total: int, queues: int, read_batch: int, root: Path, synchronous: str
-) -> tuple[Rate, Rate]:
-    batches = make_batches(case, total, queues)
-    store = SqliteStore(
-        root / f"b{case.batch}-s{case.body_bytes}-{case.with_ids}", synchronous=synchronous
-    )
-    await store.open()
-    try:
-        await store.create_topic("bench", queues)
-        now_ms = int(time.time() * 1000)
-        with Meter() as appending:
-            for batch in batches:
-                await store.append("bench", batch, now_ms, 60_000 if case.with_ids else 0)
-        read = 0
-        with Meter() as reading:
-            for qid in range(queues):
-                offset = 0
-                while chunk := await store.read("bench", qid, offset, read_batch):
-                    read += len(chunk)
-                    offset = chunk[-1].offset + 1
-        if read != total:
-            raise SystemExit(f"read back {read} messages, expected {total}")
-    finally:
-        await store.close()
-    return appending.rate(total), reading.rate(read)
-
-
-@dataclass(frozen=True)
-class Concurrent:
-    batch: int
-    body_bytes: int = 100
-    with_ids: bool = False
-
-
-CONCURRENT_CASES = (Concurrent(10), Concurrent(100), Concurrent(10, with_ids=True))
+CONCURRENT_CASES = (Case(10, 100), Case(100, 100), Case(10, 100, with_ids=True))
 
 
 @dataclass(frozen=True)
 class ConcurrentResult:
-    msgs: Rate
-    calls: Rate
+    msgs_per_s: float
+    msgs_per_cpu_s: float
+    calls_per_s: float
     writes_per_tx: float
 
 
 async def run_concurrent(
-    case: Concurrent,
-    total: int,
-    appenders: int,
-    queues: int,
-    root: Path,
-    synchronous: str,
-    group_commit: bool,
-    run: int,
+    case: Case, args: Any, total: int, root: Path, group_commit: bool
 ) -> ConcurrentResult:
-    # Each appender gets its own share of pre-built batches and appends them one after another,
-    # so at most ``appenders`` calls are waiting at any moment, like that many HTTP clients.
-    batches = make_batches(Case(case.batch, case.body_bytes, case.with_ids), total, queues)
-    shares = [batches[i::appenders] for i in range(appenders)]
-    name = f"c{appenders}-b{case.batch}-{case.with_ids}-{group_commit}-{run}"
-    store = SqliteStore(root / name, synchronous=synchronous, group_commit=group_commit)
+    # Each appender appends its own share one batch after another, so at most ``appenders``
+    # calls wait at any moment, like that many HTTP clients.
+    batches = store_batches(case, total, args.queues)
+    shares = [batches[i :: args.appenders] for i in range(args.appenders)]
+    store = SqliteStore(
+        root / f"c-{time.monotonic_ns()}", synchronous=args.synchronous, group_commit=group_commit
+    )
     await store.open()
     try:
-        await store.create_topic("bench", queues)
+        await store.create_topic("bench", args.queues)
         writer = store._db._writer  # white box: how many transactions the calls needed
         tx_before, writes_before = writer.transactions, writer.writes
-        now_ms = int(time.time() * 1000)
-        window = 60_000 if case.with_ids else 0
+        now_ms, window = int(time.time() * 1000), 60_000 if case.with_ids else 0
 
         async def appender(share: list[list[NewMessage]]) -> None:
             for batch in share:
@@ -157,66 +69,93 @@ async def run_concurrent(
 
         with Meter() as meter:
             await asyncio.gather(*(appender(share) for share in shares))
-        stats = await store.queue_stats("bench")
-        if sum(q.next_offset for q in stats) != total:
-            raise SystemExit(f"stored {sum(q.next_offset for q in stats)}, expected {total}")
+        stored = sum(q.next_offset for q in await store.queue_stats("bench"))
+        if stored != total:
+            raise RuntimeError(f"stored {stored}, expected {total}")
         tx, writes = writer.transactions - tx_before, writer.writes - writes_before
     finally:
         await store.close()
-    return ConcurrentResult(meter.rate(total), meter.rate(len(batches)), writes / max(tx, 1))
+    rate = meter.rate(total)
+    return ConcurrentResult(rate.wall, rate.cpu, len(batches) / meter.wall, writes / max(tx, 1))
 
 
-def median(results: list[ConcurrentResult]) -> ConcurrentResult:
-    def mid(values: list[float]) -> float:
-        return statistics.median(values)
-
-    return ConcurrentResult(
-        Rate(mid([r.msgs.wall for r in results]), mid([r.msgs.cpu for r in results])),
-        Rate(mid([r.calls.wall for r in results]), mid([r.calls.cpu for r in results])),
-        mid([r.writes_per_tx for r in results]),
-    )
-
-
-async def concurrent_table(args: argparse.Namespace, total: int, root: Path) -> None:
-    print(
-        f"\n{args.appenders} concurrent appenders, {total} messages per case, 100 B bodies; "
-        f"group commit off (the old path: one hop and one transaction per call) vs on; "
-        f"median of {args.repeat} interleaved runs each\n"
-    )
-    print(
-        "| batch | ids (dedup) | msgs/s off | msgs/s on | calls/s off | calls/s on "
-        "| msgs/CPU-s off | msgs/CPU-s on | calls per tx on |"
-    )
-    print("|------:|:-:|--:|--:|--:|--:|--:|--:|--:|")
-    for case in CONCURRENT_CASES:
-        runs: dict[bool, list[ConcurrentResult]] = {False: [], True: []}
-        # Interleaved, so that a noisy neighbour slows both modes alike.
-        for run in range(args.repeat):
-            for group in (False, True):
-                runs[group].append(
-                    await run_concurrent(
-                        case,
-                        total,
-                        args.appenders,
-                        args.queues,
-                        root,
-                        args.synchronous,
-                        group,
-                        run,
+async def run(args: Any, total: int, root: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {"messages_per_case": total, "one": [], "concurrent": []}
+    if args.table in ("all", "one"):
+        for case in CASES:
+            append, read = await append_and_read(
+                case, total, args.queues, args.read_batch, root, args.synchronous
+            )
+            out["one"].append({**asdict(case), "append": asdict(append), "read": asdict(read)})
+    if args.table in ("all", "concurrent"):
+        for case in CONCURRENT_CASES:
+            runs: dict[bool, list[ConcurrentResult]] = {False: [], True: []}
+            for _ in range(args.repeat):  # interleaved: a noisy neighbour slows both alike
+                for group_commit in (False, True):
+                    r = await run_concurrent(case, args, total, root, group_commit)
+                    runs[group_commit].append(r)
+            row: dict[str, Any] = asdict(case)
+            for mode, results in runs.items():
+                for field in ConcurrentResult.__dataclass_fields__:
+                    row[f"{field}_{'on' if mode else 'off'}"] = median(
+                        [getattr(r, field) for r in results]
                     )
-                )
-        off, on = median(runs[False]), median(runs[True])
-        print(
-            f"| {case.batch} | {'yes' if case.with_ids else 'no'} "
-            f"| {off.msgs.wall:,.0f} | {on.msgs.wall:,.0f} "
-            f"| {off.calls.wall:,.0f} | {on.calls.wall:,.0f} "
-            f"| {off.msgs.cpu:,.0f} | {on.msgs.cpu:,.0f} | {on.writes_per_tx:.1f} |"
-        )
+            out["concurrent"].append(row)
+    return out
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20k messages per case")
+def report(out: dict[str, Any], args: Any) -> str:
+    def ids(r: dict[str, Any]) -> str:
+        return "yes" if r["with_ids"] else "no"
+
+    def n(key: str, sub: str | None = None) -> Any:
+        return lambda r: f"{(r[key][sub] if sub else r[key]):,.0f}"
+
+    text = [
+        f"## Raw SQLite store ({args.queues} queues, synchronous={args.synchronous})",
+        "",
+        f"One appender, {out['messages_per_case']:,} messages per case, read max_count="
+        f"{args.read_batch}:",
+        "",
+        table(
+            [
+                ("batch", lambda r: r["batch"]),
+                ("body", lambda r: f"{r['body_bytes']} B"),
+                ("ids (dedup)", ids),
+                ("append msgs/s", n("append", "wall")),
+                ("append msgs/CPU-s", n("append", "cpu")),
+                ("read msgs/s", n("read", "wall")),
+                ("read msgs/CPU-s", n("read", "cpu")),
+            ],
+            out["one"],
+        ),
+    ]
+    if out["concurrent"]:
+        text += [
+            "",
+            f"{args.appenders} concurrent appenders, 100 B bodies; group commit off vs on; "
+            f"median of {args.repeat} interleaved runs each:",
+            "",
+            table(
+                [
+                    ("batch", lambda r: r["batch"]),
+                    ("ids (dedup)", ids),
+                    ("msgs/s off", n("msgs_per_s_off")),
+                    ("msgs/s on", n("msgs_per_s_on")),
+                    ("calls/s off", n("calls_per_s_off")),
+                    ("calls/s on", n("calls_per_s_on")),
+                    ("msgs/CPU-s off", n("msgs_per_cpu_s_off")),
+                    ("msgs/CPU-s on", n("msgs_per_cpu_s_on")),
+                    ("calls per tx on", lambda r: f"{r['writes_per_tx_on']:.1f}"),
+                ],
+                out["concurrent"],
+            ),
+        ]
+    return "\n".join(text)
+
+
+def main() -> None:
+    parser = arg_parser(__doc__, "20k messages per case (~15 s)")
     parser.add_argument("--messages", type=int, help="messages per case (default 200000)")
     parser.add_argument("--queues", type=int, default=8)
     parser.add_argument("--read-batch", type=int, default=1000, help="max_count per read")
@@ -224,41 +163,15 @@ async def main() -> None:
     parser.add_argument("--data-dir", type=Path, help="where to put the databases (default: tmp)")
     parser.add_argument("--appenders", type=int, default=8, help="concurrent appenders")
     parser.add_argument("--repeat", type=int, default=3, help="runs per concurrent case")
-    parser.add_argument(
-        "--table", choices=["all", "one", "concurrent"], default="all", help="which tables"
-    )
+    parser.add_argument("--table", choices=["all", "one", "concurrent"], default="all")
     args = parser.parse_args()
     total = args.messages or (20_000 if args.quick else 200_000)
-
-    print(
-        f"SQLite store, {args.queues} queues, synchronous={args.synchronous}, "
-        f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}"
-    )
+    facts = machine_facts()
     with tempfile.TemporaryDirectory(dir=args.data_dir) as tmp:
-        if args.table in ("all", "one"):
-            await sequential_table(args, total, Path(tmp))
-        if args.table in ("all", "concurrent"):
-            await concurrent_table(args, total, Path(tmp))
-
-
-async def sequential_table(args: argparse.Namespace, total: int, root: Path) -> None:
-    print(f"\nOne appender, {total} messages per case, read max_count={args.read_batch}\n")
-    print(
-        "| batch | body | ids (dedup) | append msgs/s | append msgs/CPU-s "
-        "| read msgs/s | read msgs/CPU-s |"
-    )
-    print(
-        "|------:|-----:|:-----------:|--------------:|------------------:|------------:|----------------:|"
-    )
-    for case in CASES:
-        append, read = await run_case(
-            case, total, args.queues, args.read_batch, root, args.synchronous
-        )
-        print(
-            f"| {case.batch} | {case.body_bytes} B | {'yes' if case.with_ids else 'no'} "
-            f"| {append.wall:,.0f} | {append.cpu:,.0f} | {read.wall:,.0f} | {read.cpu:,.0f} |"
-        )
+        out = asyncio.run(run(args, total, Path(tmp)))
+    out["machine"] = facts
+    finish(out, args, "store_raw", report(out, args))
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

@@ -1,0 +1,362 @@
+"""Load generators, all HTTP through ``consumer_sdk.AsyncClient`` (one client per task).
+
+Message ``i`` of a set has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys,
+"p": padding}`` (plus ``"t"``: client send time in ns, open loop only). ``s`` grows by one
+per key, so a puller can check per-key order.
+
+- :func:`produce`: closed loop, several producers, per-key order kept across them;
+- :func:`open_loop_produce`: a fixed rate that never waits on replies (for latency);
+- :func:`consume`: pullers with a per-key policy (ack, fail, or hold = never ack) that count
+  healthy and stalled deliveries apart; acks ride on the next pull.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+from consumer_sdk import AsyncClient, NotFound, QueueResult
+
+T = TypeVar("T")
+Action = Literal["ack", "ack_other", "fail", "hold"]
+Batch = list[dict[str, Any]]
+#: Per call; generous, since a loaded 2-core machine can take seconds per call.
+TIMEOUT_MS = 120_000
+
+
+def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run ``main()`` on uvloop when installed (the client must not be the bottleneck)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main())
+    return uvloop.run(main())
+
+
+def client(url: str) -> AsyncClient:
+    return AsyncClient(url, timeout_ms=TIMEOUT_MS)
+
+
+# -- admin ---------------------------------------------------------------------------------------
+async def create_topic(c: AsyncClient, topic: str, queues: int) -> None:
+    await c.create_topic(topic, queues)
+
+
+async def put_group(
+    c: AsyncClient, group: str, topic: str, order_by: str = "key", **config: Any
+) -> dict[str, Any]:
+    """Create the group on ``topic``; returns the effective config."""
+    return await c.put_group(group, {"topics": {topic: {"order_by": order_by}}, **config})
+
+
+async def delete_group(c: AsyncClient, group: str) -> None:
+    with contextlib.suppress(NotFound):
+        await c.delete_group(group)
+
+
+async def group_stats(c: AsyncClient, group: str) -> dict[str, Any]:
+    stats: dict[str, Any] = (await c.get_group(group))["stats"]
+    return stats
+
+
+async def wait_stats(
+    c: AsyncClient,
+    group: str,
+    done: Callable[[dict[str, Any]], bool],
+    what: str,
+    timeout_s: float = 120.0,
+    every_s: float = 0.05,
+) -> dict[str, Any]:
+    """Poll the group's stats until ``done(stats)``; RuntimeError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = await group_stats(c, group)
+        if done(s):
+            return s
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"group {group} not {what} after {timeout_s} s: {s}")
+        await asyncio.sleep(every_s)
+
+
+def drained(s: dict[str, Any]) -> bool:
+    return all(q["lag"] == 0 for q in s["queues"]) and s["in_flight"] == 0
+
+
+# -- messages ------------------------------------------------------------------------------------
+def pad_for(body_bytes: int) -> str:
+    """Padding so the encoded body is about ``body_bytes`` (the rest is ~30 bytes)."""
+    return "x" * max(0, body_bytes - 30)
+
+
+def message(i: int, keys: int, pad: str) -> dict[str, Any]:
+    return {"key": f"k{i % keys}", "body": {"k": i % keys, "s": i // keys, "p": pad}}
+
+
+def make_batches(total: int, batch: int, keys: int, body_bytes: int) -> list[Batch]:
+    """Messages ``0 .. total - 1`` in produce calls of ``batch``, built before timing."""
+    pad = pad_for(body_bytes)
+    return [
+        [message(i, keys, pad) for i in range(start, min(total, start + batch))]
+        for start in range(0, total, batch)
+    ]
+
+
+def key_stride(batch: int, keys: int) -> int:
+    """Batches closer than this share no key (message i has key i % keys)."""
+    return max(1, keys // batch)
+
+
+# -- producing -----------------------------------------------------------------------------------
+async def produce(
+    url: str, topic: str, batches: Sequence[Batch], producers: int, stride: int
+) -> float:
+    """Closed loop: send every batch through ``producers`` clients; returns elapsed seconds.
+
+    Per-key order across concurrent producers: batch ``b`` is sent only once every batch up
+    to ``b - stride`` is stored (batches less than ``stride`` apart share no key).
+    """
+    it = iter(enumerate(batches))
+    stored = [False] * len(batches)
+    watermark = 0  # every batch below this one is stored
+    changed = asyncio.Condition()
+
+    async def worker() -> None:
+        nonlocal watermark
+        async with client(url) as c:
+            for b, batch in it:
+                if b - stride >= watermark:
+                    async with changed:
+                        while b - stride >= watermark:
+                            await changed.wait()
+                await c.produce(topic, batch)
+                stored[b] = True
+                if b == watermark:
+                    while watermark < len(stored) and stored[watermark]:
+                        watermark += 1
+                    async with changed:
+                        changed.notify_all()
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(producers)))
+    return time.perf_counter() - started
+
+
+@dataclass
+class OpenLoopResult:
+    messages: int
+    seconds: float
+    late_batches: int  # batches sent more than one interval after their slot
+    call_ms: list[float]
+
+
+async def open_loop_produce(
+    url: str,
+    topic: str,
+    rate: float,
+    batch: int,
+    seconds: float,
+    keys: int,
+    body_bytes: int = 100,
+    max_outstanding: int = 64,
+) -> OpenLoopResult:
+    """Send ``rate`` msgs/s in batches of ``batch`` for ``seconds``, never waiting on replies
+    (beyond per-key order and ``max_outstanding`` calls); bodies carry the send time."""
+    pad = pad_for(body_bytes)
+    n_batches = max(1, round(seconds * rate / batch))
+    stride = key_stride(batch, keys)
+    tasks: list[asyncio.Task[None]] = []
+    outstanding = asyncio.Semaphore(max_outstanding)
+    call_ms: list[float] = []
+    late = 0
+    async with client(url) as c:
+
+        async def send(b: int) -> None:
+            if b >= stride:
+                await tasks[b - stride]
+            async with outstanding:
+                now = time.time_ns()
+                messages = [message(i, keys, pad) for i in range(b * batch, (b + 1) * batch)]
+                for m in messages:
+                    m["body"]["t"] = now
+                t = time.perf_counter()
+                await c.produce(topic, messages)
+                call_ms.append((time.perf_counter() - t) * 1000)
+
+        interval = batch / rate
+        t0 = time.perf_counter()
+        for b in range(n_batches):
+            delay = t0 + b * interval - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            elif delay < -interval:
+                late += 1
+            tasks.append(asyncio.create_task(send(b)))
+        await asyncio.gather(*tasks)
+        elapsed = time.perf_counter() - t0
+    return OpenLoopResult(n_batches * batch, elapsed, late, call_ms)
+
+
+# -- stalls --------------------------------------------------------------------------------------
+ORDERS = ("key", "qid")
+STALLS = ("none", "never-ack", "always-fail")
+#: Stall runs: nothing times out during a run, failures retry for the whole run.
+STALL_GROUP_CONFIG: dict[str, Any] = {
+    "ack_timeout_ms": 600_000,
+    "max_attempts": 1000,
+    "retry_backoff_ms": [200],
+    "max_buffered": 10_000,
+}
+
+
+def policy_for(stall: str, every: int) -> Callable[[int], Action]:
+    """Key index -> action: keys with ``k % every == 0`` stall as ``stall`` says (under
+    ``none`` they are acked but not counted, so every run counts the same healthy set)."""
+    actions: dict[str, Action] = {"none": "ack_other", "never-ack": "hold", "always-fail": "fail"}
+    bad = actions[stall]
+    return lambda k: bad if k % every == 0 else "ack"
+
+
+# -- consuming -----------------------------------------------------------------------------------
+@dataclass
+class ConsumerStats:
+    """What a set of pullers saw. *Healthy* = messages whose key the policy acks."""
+
+    healthy_total: int
+    started: float = field(default_factory=time.perf_counter)
+    healthy_delivered: int = 0  # first deliveries of healthy messages
+    healthy_done_at: float = 0.0
+    flushed_at: float = 0.0  # when the last puller's final acks were applied
+    stalled_deliveries: int = 0  # every delivery of a held or failed message
+    redeliveries: int = 0  # healthy messages delivered again (attempt > 1)
+    order_violations: int = 0
+    pulls: int = 0
+    empty_pulls: int = 0
+    latencies_store_ms: list[float] = field(default_factory=list)
+    latencies_send_ms: list[float] = field(default_factory=list)
+    last_seq: dict[int, int] = field(default_factory=dict)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    #: healthy first deliveries over time: (seconds since start, cumulative count)
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def healthy_seconds(self) -> float:
+        return (self.healthy_done_at or time.perf_counter()) - self.started
+
+    def delivered_by(self, t: float) -> int:
+        """Healthy first deliveries made by ``t`` seconds after the start."""
+        count = 0
+        for at, cumulative in self.timeline:
+            if at > t:
+                break
+            count = cumulative
+        return count
+
+
+async def _puller(
+    url: str,
+    group: str,
+    stats: ConsumerStats,
+    policy: Callable[[int], Action] | None,
+    max_messages: int,
+    wait_ms: int,
+    record_latency: bool,
+    stop: asyncio.Event,
+) -> None:
+    results: list[QueueResult] = []
+    async with client(url) as c:
+        while not stop.is_set():
+            pulled = await c.pull(
+                group, max_messages=max_messages, wait_ms=wait_ms, results=results
+            )
+            now, now_ns = time.perf_counter(), time.time_ns()
+            stats.pulls += 1
+            results = []
+            if not pulled.messages:
+                stats.empty_pulls += 1
+                continue
+            acks: dict[tuple[str, int], list[int]] = {}
+            fails: dict[tuple[str, int], list[tuple[int, str | None]]] = {}
+            for m in pulled.messages:
+                k, seq = m.body["k"], m.body["s"]
+                if stats.last_seq.get(k, -1) > seq:
+                    stats.order_violations += 1
+                stats.last_seq[k] = seq
+                action: Action = "ack" if policy is None else policy(k)
+                if action == "ack" or action == "ack_other":
+                    acks.setdefault((m.topic, m.qid), []).append(m.offset)
+                if action == "ack":
+                    if m.attempt == 1:
+                        stats.healthy_delivered += 1
+                    else:
+                        stats.redeliveries += 1
+                    if record_latency:
+                        stats.latencies_store_ms.append(now_ns / 1e6 - m.produced_at_ms)
+                        if "t" in m.body:
+                            stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
+                elif action in ("fail", "hold"):
+                    stats.stalled_deliveries += 1
+                    if action == "fail":
+                        fails.setdefault((m.topic, m.qid), []).append((m.offset, "stalled"))
+            stats.timeline.append((now - stats.started, stats.healthy_delivered))
+            results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
+            results += [QueueResult(t, q, fails=tuple(f)) for (t, q), f in fails.items()]
+            if stats.healthy_delivered >= stats.healthy_total and not stats.done.is_set():
+                stats.healthy_done_at = now
+                stats.done.set()
+        if results:  # the last acks have no next pull to ride on
+            await c.ack(group, results)
+            stats.flushed_at = max(stats.flushed_at, time.perf_counter())
+
+
+async def consume(
+    url: str,
+    group: str,
+    healthy_total: int,
+    pullers: int,
+    max_messages: int,
+    *,
+    wait_ms: int = 1000,
+    policy: Callable[[int], Action] | None = None,
+    time_limit_s: float | None = None,
+    record_latency: bool = False,
+    started: Awaitable[None] | None = None,
+) -> ConsumerStats:
+    """Pull until ``healthy_total`` healthy messages were delivered once (or the time limit),
+    then stop the pullers and flush their last acks.
+
+    ``policy(key index)`` decides per delivery: ``ack`` (healthy, counted), ``ack_other``
+    (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
+    flight). No policy acks everything. ``started``, if given, is awaited before the clock
+    starts (e.g. until long polls are parked).
+    """
+    stats = ConsumerStats(healthy_total)
+    stop = asyncio.Event()
+    tasks = [
+        asyncio.create_task(
+            _puller(url, group, stats, policy, max_messages, wait_ms, record_latency, stop)
+        )
+        for _ in range(pullers)
+    ]
+    if started is not None:
+        await started
+    stats.started = time.perf_counter()
+    waiter = asyncio.create_task(stats.done.wait())
+    try:
+        done, _ = await asyncio.wait(
+            [waiter, *tasks], timeout=time_limit_s, return_when=asyncio.FIRST_COMPLETED
+        )
+        for t in done:
+            if t is not waiter and (exc := t.exception()) is not None:
+                raise exc
+    finally:
+        waiter.cancel()
+        stop.set()
+        outcomes = await asyncio.gather(*tasks, return_exceptions=True)
+    errors = [e for e in outcomes if isinstance(e, Exception)]
+    if errors:
+        raise errors[0]
+    return stats

@@ -1,0 +1,157 @@
+"""The server under test: ``cproxy serve`` (uvicorn, SQLite store) in a subprocess on a free
+loopback port, started from this tree or from another git ref (for A/B runs)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.harness.report import REPO, git_commit
+from consumer_sdk import NO_RETRY, Client, CproxyError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the server's code comes from: ``tree`` goes first on its ``PYTHONPATH`` (and is
+    its working directory); ``commit`` is what the report names."""
+
+    label: str
+    tree: Path
+    commit: str
+
+
+def this_tree(label: str = "A") -> Source:
+    return Source(label, REPO, git_commit(REPO))
+
+
+@contextlib.contextmanager
+def tree_at(ref: str, label: str = "B") -> Iterator[Source]:
+    """A detached temporary ``git worktree`` of ``ref``, removed again on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix="cproxy-ab-"))
+    tree = tmp / "tree"
+    subprocess.run(
+        ["git", "worktree", "add", "--quiet", "--detach", str(tree), ref],
+        cwd=REPO,
+        check=True,
+    )
+    try:
+        yield Source(label, tree, git_commit(REPO, ref))
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class ServerProcess:
+    """``cproxy serve`` on ``data_dir`` (created), with ``config_toml`` as its config file.
+
+    ``start()`` waits until the API answers (uvicorn accepts connections only after the
+    app's startup, which opens the store); ``stop()`` is SIGTERM, then SIGKILL after 20 s.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        config_toml: str = "",
+        log_level: str = "warning",
+        source: Source | None = None,
+    ) -> None:
+        self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.config = data_dir.parent / f"{data_dir.name}.toml"
+        self.config.write_text(config_toml)
+        self.log_path = data_dir.parent / f"{data_dir.name}.log"
+        self.log_level = log_level
+        self.source = source or this_tree()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        cmd = [sys.executable, "-m", "cproxy.cli", "serve", "--host", "127.0.0.1"]
+        cmd += ["--port", str(self.port), "--data-dir", str(self.data_dir)]
+        cmd += ["--config", str(self.config), "--log-level", self.log_level]
+        tree = str(self.source.tree)
+        path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])
+        env = {**os.environ, "PYTHONPATH": path}
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tree, env=env
+            )
+        deadline = time.monotonic() + timeout_s
+        with Client(self.url, timeout_ms=1000, retry=NO_RETRY) as client:
+            while True:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    client.list_topics()
+                    return
+                except CproxyError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"server not ready after {timeout_s}s:\n{self.log()}")
+                time.sleep(0.02)
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "server not started"
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
+
+
+@contextlib.contextmanager
+def running(
+    root: Path, name: str, source: Source | None = None, config_toml: str = ""
+) -> Iterator[ServerProcess]:
+    """A started server on ``root/name``; stopped on exit, its log printed on failure."""
+    server = ServerProcess(root / name, config_toml, source=source)
+    try:
+        server.start()
+        yield server
+    except BaseException:
+        print(server.log(), file=sys.stderr)
+        raise
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def servers(prefix: str, ab_ref: str | None = None) -> Iterator[list[ServerProcess]]:
+    """One server from this tree (label A), plus one from ``ab_ref`` (label B) when given,
+    each on its own temporary data dir; all stopped and cleaned up on exit."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with contextlib.ExitStack() as stack:
+            sources = [this_tree()]
+            if ab_ref is not None:
+                sources.append(stack.enter_context(tree_at(ab_ref)))
+            yield [stack.enter_context(running(root, s.label, s)) for s in sources]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
