@@ -75,8 +75,18 @@ class SendResult:
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
+    """A topic: its name and number of queues (qids ``0..queues-1``)."""
+
     name: str
     queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group as listed by ``GET /v1/groups``: its name and the topics it reads."""
+
+    name: str
+    topics: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +138,7 @@ OutgoingMessage = Mapping[str, Any]
 __all__ = [
     "AckResult",
     "ExtendResult",
+    "GroupInfo",
     "Message",
     "MessageRef",
     "OutgoingMessage",
