@@ -35,6 +35,19 @@ class Message:
         """``(topic, qid, offset)``: the message's identity within one server's store."""
         return (self.topic, self.qid, self.offset)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The message in the pull answer's JSON shape (``server`` left out), e.g. to print."""
+        return {
+            "topic": self.topic,
+            "qid": self.qid,
+            "offset": self.offset,
+            "key": self.key,
+            "body": self.body,
+            "headers": dict(self.headers),
+            "attempt": self.attempt,
+            "produced_at_ms": self.produced_at_ms,
+        }
+
 
 _new = object.__new__
 # Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
