@@ -278,6 +278,8 @@ def test_ctrl_c_on_tail_prints_one_line_and_exits_130(server: RunningServer) -> 
             assert proc.stdout is not None
             line = proc.stdout.readline()  # blocks until tail printed the message
             assert json.loads(line)["body"] == 1
+            # Its ack rides on the next pull, which then long-polls: Ctrl-C lands in a pull.
+            wait_until(lambda: c.get_group("g")["stats"]["in_flight"] == 0, message="acked")
             proc.send_signal(signal.SIGINT)
             _, err = proc.communicate(timeout=20)
         finally:
@@ -285,8 +287,6 @@ def test_ctrl_c_on_tail_prints_one_line_and_exits_130(server: RunningServer) -> 
                 proc.kill()
         assert proc.returncode == 130
         assert err == "cproxy: interrupted\n"
-        # What was printed was acked on the way out.
-        wait_until(lambda: c.get_group("g")["stats"]["in_flight"] == 0, message="acked")
 
 
 def test_client_errors_reach_the_cli_as_sdk_errors() -> None:

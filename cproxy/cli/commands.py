@@ -183,10 +183,11 @@ def tail(args: argparse.Namespace, client: Client) -> None:
     """Pull and print until ``--count`` messages were printed (or forever).
 
     Never asks for more than the messages still wanted, so ``--count 1`` takes (and acks) one.
-    Acks ride on the next pull; the last ones, and those pending on Ctrl-C, go in one ack call.
+    A message is acked only once printed; acks ride on the next pull, and the last ones (or
+    those pending on Ctrl-C) go in one ack call.
     """
     printed = 0
-    pending: list[QueueResult] = []
+    shown: list[Message] = []
     try:
         while args.count is None or printed < args.count:
             wanted = TAIL_BATCH if args.count is None else min(TAIL_BATCH, args.count - printed)
@@ -195,18 +196,18 @@ def tail(args: argparse.Namespace, client: Client) -> None:
                 max_messages=wanted,
                 wait_ms=args.wait_ms,
                 topics=args.topic,
-                results=pending,
+                results=_acks(shown),
             )
-            pending = []
+            shown = []
             for message in answer.messages:
                 sys.stdout.write(json.dumps(message.to_dict()) + "\n")
-            sys.stdout.flush()
-            printed += len(answer.messages)
-            if not args.no_ack:
-                pending = _acks(answer.messages)
+                sys.stdout.flush()
+                printed += 1
+                if not args.no_ack:
+                    shown.append(message)
     finally:
-        if pending:
-            _flush_acks(client, args.group, pending)
+        if shown:
+            _flush_acks(client, args.group, _acks(shown))
 
 
 def _flush_acks(client: Client, group: str, pending: list[QueueResult]) -> None:
