@@ -14,7 +14,6 @@ import httpx
 import uvicorn
 
 from consumer_sdk import Client
-
 from cproxy.api.app import create_app
 from cproxy.config import Settings
 
