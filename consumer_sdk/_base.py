@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Generic, TypeVar
+from types import TracebackType
+from typing import Any, Final, Generic, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -44,6 +45,9 @@ from consumer_sdk.models import (
 
 T = TypeVar("T")
 
+#: A blocked chain head: its order value, or ``(qid, offset)``.
+BlockedHead = str | tuple[int, int]
+
 _OUTGOING_KEYS: Final = frozenset(
     {"key", "body", "headers", "id", "qid", "delay_ms", "deliver_at_ms"}
 )
@@ -73,6 +77,36 @@ class Call(Generic[T]):
     params: Mapping[str, str] | None = None
     idempotent: bool = True
     timeout_s: float | None = None
+
+
+class Closing:
+    """``with`` support for anything with a ``close()``: the clients and the producers."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClosing:
+    """``async with`` support for anything with an ``aclose()``."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
 
 class BaseClient:
@@ -282,21 +316,14 @@ class BaseClient:
         )
 
     def _blocked_key_action(
-        self,
-        action: str,
-        group: str,
-        topic: str,
-        order_value: str | None,
-        qid: int | None,
-        offset: int | None,
+        self, action: str, group: str, topic: str, head: BlockedHead
     ) -> Call[MessageRef]:
-        """``skip`` or ``release`` a blocked head, named by order value or by qid + offset."""
-        if (order_value is None) == (qid is None or offset is None):
-            raise ValueError("name the blocked head by order_value, or by qid and offset")
+        """``skip`` or ``release`` a blocked head, named by order value or by (qid, offset)."""
         body: dict[str, Any] = {"topic": topic}
-        if order_value is not None:
-            body["order_value"] = order_value
+        if isinstance(head, str):
+            body["order_value"] = head
         else:
+            qid, offset = head
             body.update(qid=qid, offset=offset)
         word = "skipped" if action == "skip" else "released"
         # Not repeated blindly: a second skip would dead-letter the next head of the chain.

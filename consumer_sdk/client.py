@@ -14,12 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 import httpx
 
-from consumer_sdk._base import BaseClient, Call
+from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
 from consumer_sdk.config import NO_RETRY, RetryPolicy
 from consumer_sdk.errors import ClientError, ServiceUnavailable
 from consumer_sdk.models import (
@@ -47,7 +46,7 @@ def _http_kwargs(url: str) -> dict[str, Any]:
     return {"verify": False} if url.startswith("http://") else {}
 
 
-class Client(BaseClient):
+class Client(Closing, BaseClient):
     """Blocking client for one server. Thread-safe; close it (or use ``with``) when done.
 
     ``timeout_ms`` bounds each HTTP call (a pull adds its ``wait_ms``); ``retry`` sets how
@@ -72,14 +71,6 @@ class Client(BaseClient):
     def close(self) -> None:
         """Close the connection pool; idempotent."""
         self._http.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
@@ -213,31 +204,14 @@ class Client(BaseClient):
         """Order values whose head is retrying or unacked (see DESIGN §4)."""
         return self._send(self._blocked_keys(group, topic, min_blocked_ms, limit))
 
-    def skip(
-        self,
-        group: str,
-        topic: str,
-        *,
-        order_value: str | None = None,
-        qid: int | None = None,
-        offset: int | None = None,
-    ) -> MessageRef:
-        """Dead-letter a blocked chain head (named by ``order_value``, or ``qid`` + ``offset``)
-        so its chain moves on; returns the skipped message."""
-        return self._send(self._blocked_key_action("skip", group, topic, order_value, qid, offset))
+    def skip(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        """Dead-letter a blocked chain head (its order value, or ``(qid, offset)``) so its
+        chain moves on; returns the skipped message."""
+        return self._send(self._blocked_key_action("skip", group, topic, head))
 
-    def release(
-        self,
-        group: str,
-        topic: str,
-        *,
-        order_value: str | None = None,
-        qid: int | None = None,
-        offset: int | None = None,
-    ) -> MessageRef:
+    def release(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
         """Retry a blocked chain head now, with a fresh attempt budget; returns the message."""
-        call = self._blocked_key_action("release", group, topic, order_value, qid, offset)
-        return self._send(call)
+        return self._send(self._blocked_key_action("release", group, topic, head))
 
     # -- health ------------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -257,7 +231,7 @@ class Client(BaseClient):
         return True
 
 
-class AsyncClient(BaseClient):
+class AsyncClient(AsyncClosing, BaseClient):
     """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable."""
 
     def __init__(
@@ -285,14 +259,6 @@ class AsyncClient(BaseClient):
     async def aclose(self) -> None:
         """Close the connection pool; idempotent."""
         await self._http.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
@@ -399,29 +365,11 @@ class AsyncClient(BaseClient):
     ) -> list[dict[str, Any]]:
         return await self._send(self._blocked_keys(group, topic, min_blocked_ms, limit))
 
-    async def skip(
-        self,
-        group: str,
-        topic: str,
-        *,
-        order_value: str | None = None,
-        qid: int | None = None,
-        offset: int | None = None,
-    ) -> MessageRef:
-        call = self._blocked_key_action("skip", group, topic, order_value, qid, offset)
-        return await self._send(call)
+    async def skip(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        return await self._send(self._blocked_key_action("skip", group, topic, head))
 
-    async def release(
-        self,
-        group: str,
-        topic: str,
-        *,
-        order_value: str | None = None,
-        qid: int | None = None,
-        offset: int | None = None,
-    ) -> MessageRef:
-        call = self._blocked_key_action("release", group, topic, order_value, qid, offset)
-        return await self._send(call)
+    async def release(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        return await self._send(self._blocked_key_action("release", group, topic, head))
 
     async def health(self) -> dict[str, Any]:
         return await self._send(self._health(), NO_RETRY)

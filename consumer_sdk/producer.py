@@ -9,11 +9,11 @@ program that produces), and ``producer.client`` gives the full API when a progra
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import httpx
 
+from consumer_sdk._base import AsyncClosing, Closing
 from consumer_sdk.client import DEFAULT_TIMEOUT_MS, AsyncClient, Client
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.models import OutgoingMessage, SendResult, TopicInfo
@@ -29,7 +29,7 @@ def _one(
     return {"body": body, "key": key, "headers": headers, "id": id, "qid": qid}
 
 
-class Producer:
+class Producer(Closing):
     """Sends messages to one server. Thread-safe; close it (or use ``with``) when done.
 
     Arguments are those of :class:`~consumer_sdk.Client`: ``url``, and keyword-only ``token``,
@@ -100,16 +100,8 @@ class Producer:
         """Close the connection pool; idempotent."""
         self.client.close()
 
-    def __enter__(self) -> Self:
-        return self
 
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-
-class AsyncProducer:
+class AsyncProducer(AsyncClosing):
     """The ``async`` twin of :class:`Producer`; same arguments, delivery and retry semantics
     (``transport`` is an ``httpx.AsyncBaseTransport``; ``producer.client`` an ``AsyncClient``).
     """
@@ -166,11 +158,3 @@ class AsyncProducer:
     async def aclose(self) -> None:
         """Close the connection pool; idempotent."""
         await self.client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

@@ -160,9 +160,8 @@ def blocked(args: argparse.Namespace, client: Client) -> None:
     if args.order_value is None and (args.qid is None or args.offset is None):
         raise CommandError(f"'blocked {args.action}' needs --order-value, or --qid and --offset")
     act = client.skip if args.action == "skip" else client.release
-    topic_, qid, offset = act(
-        args.group, topic, order_value=args.order_value, qid=args.qid, offset=args.offset
-    )
+    head = args.order_value if args.order_value is not None else (args.qid, args.offset)
+    topic_, qid, offset = act(args.group, topic, head)
     word = "skipped" if args.action == "skip" else "released"
     _print({word: {"topic": topic_, "qid": qid, "offset": offset}})
 

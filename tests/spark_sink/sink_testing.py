@@ -132,4 +132,3 @@ class ServerIO:
         for message in self.read(topic):
             grouped.setdefault(message["key"], []).append(message["body"])
         return grouped
-
