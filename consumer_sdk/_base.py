@@ -13,11 +13,26 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Final, Generic, Self, TypeVar
-from urllib.parse import quote
 
 import httpx
 import orjson
 
+from consumer_sdk._wire import (
+    api_error,
+    as_object,
+    list_field,
+    mapping,
+    outgoing_to_wire,
+    parse_ack,
+    parse_extend,
+    parse_group,
+    parse_ref,
+    parse_send,
+    parse_topic,
+    query_params,
+    results_to_wire,
+    seg,
+)
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import (
     ApiError,
@@ -28,7 +43,6 @@ from consumer_sdk.errors import (
     ServiceUnavailable,
     Throttled,
     TransportError,
-    api_error_class,
 )
 from consumer_sdk.models import (
     AckResult,
@@ -48,16 +62,9 @@ T = TypeVar("T")
 #: A blocked chain head: its order value, or ``(qid, offset)``.
 BlockedHead = str | tuple[int, int]
 
-_OUTGOING_KEYS: Final = frozenset(
-    {"key", "body", "headers", "id", "qid", "delay_ms", "deliver_at_ms"}
-)
 _JSON: Final = {"content-type": "application/json", "accept": "application/json"}
 #: Never wait longer than this on one ``Retry-After``, whatever the server asks.
 MAX_RETRY_AFTER_MS: Final = 30_000
-
-
-def _mapping(data: Any) -> dict[str, Any]:
-    return dict(_obj(data)) if data is not None else {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +165,13 @@ class BaseClient:
             data = orjson.loads(response.content) if response.content else None
         except orjson.JSONDecodeError as exc:
             if response.status_code >= 400:
-                raise _api_error(response, "http_error", response.text[:200] or "no body") from exc
+                raise api_error(response, "http_error", response.text[:200] or "no body") from exc
             raise ProtocolError(f"{call.method} {call.path}: answer is not JSON") from exc
         if response.status_code >= 400:
             error = data.get("error") if isinstance(data, dict) else None
             if not isinstance(error, dict):
                 error = {}
-            raise _api_error(
+            raise api_error(
                 response,
                 str(error.get("code", "http_error")),
                 str(error.get("message", response.reason_phrase)),
@@ -189,15 +196,17 @@ class BaseClient:
     # -- topics ------------------------------------------------------------------------------
     @staticmethod
     def _create_topic(name: str, queues: int) -> Call[TopicInfo]:
-        return Call("POST", "/v1/topics", _parse_topic, {"name": name, "queues": queues})
+        return Call("POST", "/v1/topics", parse_topic, {"name": name, "queues": queues})
 
     @staticmethod
     def _get_topic(name: str) -> Call[dict[str, Any]]:
-        return Call("GET", f"/v1/topics/{_seg(name)}", _mapping)
+        return Call("GET", f"/v1/topics/{seg(name)}", mapping)
 
     @staticmethod
     def _list_topics() -> Call[list[TopicInfo]]:
-        return Call("GET", "/v1/topics", lambda d: [_parse_topic(t) for t in _list(d, "topics")])
+        return Call(
+            "GET", "/v1/topics", lambda d: [parse_topic(t) for t in list_field(d, "topics")]
+        )
 
     @staticmethod
     def _produce(topic: str, messages: Iterable[OutgoingMessage]) -> Call[list[SendResult]]:
@@ -209,8 +218,8 @@ class BaseClient:
         all_ids = all(m.get("id") is not None for m in wire)
         return Call(
             "POST",
-            f"/v1/topics/{_seg(topic)}/messages",
-            lambda d: _parse_send(d, len(wire)),
+            f"/v1/topics/{seg(topic)}/messages",
+            lambda d: parse_send(d, len(wire)),
             {"messages": wire},
             idempotent=all_ids,
         )
@@ -226,8 +235,8 @@ class BaseClient:
         count = len(encoded)
         return Call(
             "POST",
-            f"/v1/topics/{_seg(topic)}/messages",
-            lambda d: _parse_send(d, count),
+            f"/v1/topics/{seg(topic)}/messages",
+            lambda d: parse_send(d, count),
             content=content,
             idempotent=with_ids,
         )
@@ -239,14 +248,16 @@ class BaseClient:
         group: str,
         suffix: str = "",
         body: Any = None,
-        parse: Callable[[Any], Any] = _mapping,
+        parse: Callable[[Any], Any] = mapping,
         **kwargs: Any,
     ) -> Call[Any]:
-        return Call(method, f"/v1/groups/{_seg(group)}{suffix}", parse, body, **kwargs)
+        return Call(method, f"/v1/groups/{seg(group)}{suffix}", parse, body, **kwargs)
 
     @staticmethod
     def _list_groups() -> Call[list[GroupInfo]]:
-        return Call("GET", "/v1/groups", lambda d: [_parse_group(g) for g in _list(d, "groups")])
+        return Call(
+            "GET", "/v1/groups", lambda d: [parse_group(g) for g in list_field(d, "groups")]
+        )
 
     def _pull(
         self,
@@ -274,14 +285,14 @@ class BaseClient:
         )
 
     def _ack(self, group: str, results: Sequence[QueueResult]) -> Call[AckResult]:
-        return self._group("POST", group, "/ack", {"results": results_to_wire(results)}, _parse_ack)
+        return self._group("POST", group, "/ack", {"results": results_to_wire(results)}, parse_ack)
 
     def _extend(
         self, group: str, refs: Iterable[MessageRef], ack_timeout_ms: int
     ) -> Call[ExtendResult]:
         messages = [{"topic": t, "qid": q, "offset": o} for t, q, o in refs]
         body = {"messages": messages, "ack_timeout_ms": ack_timeout_ms}
-        return self._group("POST", group, "/extend", body, _parse_extend)
+        return self._group("POST", group, "/extend", body, parse_extend)
 
     def _seek(
         self, group: str, topic: str, to: str | int | Mapping[str, int], qid: int | None
@@ -291,9 +302,13 @@ class BaseClient:
     def _dead_letters(
         self, group: str, topic: str | None, limit: int | None
     ) -> Call[list[dict[str, Any]]]:
-        params = _params(topic=topic, limit=limit)
+        params = query_params(topic=topic, limit=limit)
         return self._group(
-            "GET", group, "/dead-letters", parse=lambda d: _list(d, "dead_letters"), params=params
+            "GET",
+            group,
+            "/dead-letters",
+            parse=lambda d: list_field(d, "dead_letters"),
+            params=params,
         )
 
     def _redrive(self, group: str, topic: str | None) -> Call[int]:
@@ -303,16 +318,20 @@ class BaseClient:
             group,
             "/dead-letters/redrive",
             body,
-            lambda d: int(_mapping(d).get("redriven", 0)),
+            lambda d: int(mapping(d).get("redriven", 0)),
             idempotent=False,
         )
 
     def _blocked_keys(
         self, group: str, topic: str | None, min_blocked_ms: int | None, limit: int | None
     ) -> Call[list[dict[str, Any]]]:
-        params = _params(topic=topic, min_blocked_ms=min_blocked_ms, limit=limit)
+        params = query_params(topic=topic, min_blocked_ms=min_blocked_ms, limit=limit)
         return self._group(
-            "GET", group, "/blocked-keys", parse=lambda d: _list(d, "blocked_keys"), params=params
+            "GET",
+            group,
+            "/blocked-keys",
+            parse=lambda d: list_field(d, "blocked_keys"),
+            params=params,
         )
 
     def _blocked_key_action(
@@ -332,145 +351,25 @@ class BaseClient:
             group,
             f"/blocked-keys/{action}",
             body,
-            lambda d: _parse_ref(_mapping(d).get(word)),
+            lambda d: parse_ref(mapping(d).get(word)),
             idempotent=False,
         )
 
     # -- health ------------------------------------------------------------------------------
     @staticmethod
     def _health() -> Call[dict[str, Any]]:
-        return Call("GET", "/healthz", _mapping)
+        return Call("GET", "/healthz", mapping)
 
     @staticmethod
     def _ready() -> Call[dict[str, Any]]:
-        return Call("GET", "/readyz", _mapping)
+        return Call("GET", "/readyz", mapping)
 
     def _parse_pull(self, data: Any) -> PullResult:
-        obj = _obj(data)
+        obj = as_object(data)
         raw = obj.get("messages") or []
         server = self.url
         try:
             messages = tuple(message_from_wire(m, server) for m in raw)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"malformed message in pull answer: {exc!r}") from exc
-        return PullResult(messages, _parse_ack(obj.get("results")))
-
-
-def outgoing_to_wire(message: OutgoingMessage) -> dict[str, Any]:
-    """Check one message mapping for :meth:`Producer.send_batch` and return its wire form."""
-    extra = set(message) - _OUTGOING_KEYS
-    if extra:
-        raise ValueError(
-            f"unknown message field(s) {sorted(extra)}; allowed: {sorted(_OUTGOING_KEYS)}"
-        )
-    if "body" not in message:
-        raise ValueError("every message needs a 'body' (any JSON value)")
-    return {k: v for k, v in message.items() if v is not None or k == "body"}
-
-
-def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
-    """Results in the pull/ack shape; fails in the extended form that carries the error."""
-    out: list[dict[str, Any]] = []
-    for r in results:
-        fails: list[dict[str, Any]] = []
-        for offset, error in r.fails:
-            fail: dict[str, Any] = {"offset": offset}
-            if error is not None:
-                fail["error"] = error
-            fails.append(fail)
-        out.append({"topic": r.topic, "qid": r.qid, "acks": list(r.acks), "fails": fails})
-    return out
-
-
-def _api_error(response: httpx.Response, code: str, message: str) -> ApiError:
-    return api_error_class(response.status_code)(
-        response.status_code,
-        code,
-        message,
-        retry_after_ms=_retry_after_ms(response.headers.get("retry-after")),
-    )
-
-
-def _retry_after_ms(value: str | None) -> int | None:
-    """``Retry-After`` in seconds as milliseconds; None when absent or an HTTP date."""
-    try:
-        return max(0, round(float(value) * 1000)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _parse_topic(data: Any) -> TopicInfo:
-    obj = _obj(data)
-    try:
-        return TopicInfo(name=str(obj["name"]), queues=int(obj["queues"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed topic in answer: {exc!r}") from exc
-
-
-def _parse_group(data: Any) -> GroupInfo:
-    obj = _obj(data)
-    try:
-        return GroupInfo(name=str(obj["name"]), topics=tuple(str(t) for t in obj["topics"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed group in answer: {exc!r}") from exc
-
-
-def _parse_send(data: Any, expected: int) -> list[SendResult]:
-    rows = _obj(data).get("results")
-    if not isinstance(rows, list) or len(rows) != expected:
-        got = len(rows) if isinstance(rows, list) else repr(rows)
-        raise ProtocolError(f"sent {expected} messages but got {got} results")
-    try:
-        return [
-            SendResult(qid=int(r["qid"]), offset=int(r["offset"]), duplicate=bool(r["duplicate"]))
-            for r in rows
-        ]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed produce result: {exc!r}") from exc
-
-
-def _parse_ref(data: Any) -> MessageRef:
-    obj = _obj(data)
-    try:
-        return (str(obj["topic"]), int(obj["qid"]), int(obj["offset"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed message reference in answer: {exc!r}") from exc
-
-
-def _parse_ack(data: Any) -> AckResult:
-    if data is None:
-        return AckResult()
-    obj = _obj(data)
-    try:
-        unknown = tuple(
-            (str(u["topic"]), int(u["qid"]), int(u["offset"])) for u in obj.get("unknown") or ()
-        )
-        return AckResult(applied=int(obj.get("applied", 0)), unknown=unknown)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed results in answer: {exc!r}") from exc
-
-
-def _parse_extend(data: Any) -> ExtendResult:
-    ack = _parse_ack(data)
-    return ExtendResult(applied=ack.applied, unknown=ack.unknown)
-
-
-def _list(data: Any, field: str) -> list[Any]:
-    rows = _obj(data).get(field, [])
-    if not isinstance(rows, list):
-        raise ProtocolError(f"expected a list in {field!r}, got {type(rows).__name__}")
-    return rows
-
-
-def _params(**values: str | int | None) -> dict[str, str]:
-    return {k: str(v) for k, v in values.items() if v is not None}
-
-
-def _obj(data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _seg(name: str) -> str:
-    return quote(name, safe="")
+        return PullResult(messages, parse_ack(obj.get("results")))
