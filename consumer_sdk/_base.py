@@ -1,33 +1,53 @@
 """What the sync and async clients share: building calls, parsing answers, mapping errors.
 
 Nothing here does I/O (the HTTPX model: one base, two thin transports on top), so the contract
-of DESIGN §4 is encoded exactly once. Every ``httpx`` error is translated here, once, into the
+of DESIGN §4 is encoded exactly once: each operation is a :class:`Call` that knows its method,
+path, body, whether it may be repeated, and how to parse its answer; :class:`Client` and
+:class:`AsyncClient` only send it. Every ``httpx`` error is translated here, once, into the
 :mod:`consumer_sdk.errors` hierarchy with ``raise ... from exc``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
-from urllib.parse import quote
+from types import TracebackType
+from typing import Any, Final, Generic, Self, TypeVar
 
 import httpx
 import orjson
 
+from consumer_sdk._wire import (
+    api_error,
+    as_object,
+    list_field,
+    mapping,
+    outgoing_to_wire,
+    parse_ack,
+    parse_extend,
+    parse_group,
+    parse_ref,
+    parse_send,
+    parse_topic,
+    query_params,
+    results_to_wire,
+    seg,
+)
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import (
     ApiError,
+    ClientError,
     ConnectError,
-    CproxyError,
     ProtocolError,
     RequestTimeout,
+    ServiceUnavailable,
+    Throttled,
     TransportError,
-    api_error_class,
 )
 from consumer_sdk.models import (
     AckResult,
     ExtendResult,
+    GroupInfo,
     MessageRef,
     OutgoingMessage,
     PullResult,
@@ -37,24 +57,63 @@ from consumer_sdk.models import (
     message_from_wire,
 )
 
-_OUTGOING_KEYS: Final = frozenset({"key", "body", "headers", "id", "qid"})
+T = TypeVar("T")
+
+#: A blocked chain head: its order value, or ``(qid, offset)``.
+BlockedHead = str | tuple[int, int]
+
 _JSON: Final = {"content-type": "application/json", "accept": "application/json"}
+#: Never wait longer than this on one ``Retry-After``, whatever the server asks.
+MAX_RETRY_AFTER_MS: Final = 30_000
 
 
 @dataclass(frozen=True, slots=True)
-class Call:
-    """One HTTP call, before it is sent.
+class Call(Generic[T]):
+    """One HTTP call, before it is sent, with the parser of its answer.
 
+    ``body`` is sent as JSON; ``content`` (already encoded JSON bytes) instead when given.
     ``idempotent`` says whether repeating it after an ambiguous failure (sent, no answer) is
     harmless; calls that are not are retried only when the request provably was not applied.
     """
 
     method: str
     path: str
+    parse: Callable[[Any], T]
     body: Any = None
+    content: bytes | None = None
     params: Mapping[str, str] | None = None
     idempotent: bool = True
     timeout_s: float | None = None
+
+
+class Closing:
+    """``with`` support for anything with a ``close()``: the clients and the producers."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncClosing:
+    """``async with`` support for anything with an ``aclose()``."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
 
 
 class BaseClient:
@@ -83,15 +142,17 @@ class BaseClient:
         return f"{type(self).__name__}({self.url!r})"
 
     # -- transport boundary ------------------------------------------------------------------
-    def _request_args(self, call: Call) -> dict[str, Any]:
+    def _request_args(self, call: Call[Any]) -> dict[str, Any]:
         args: dict[str, Any] = {"timeout": call.timeout_s or self._timeout_s}
-        if call.body is not None:
+        if call.content is not None:
+            args["content"] = call.content
+        elif call.body is not None:
             args["content"] = orjson.dumps(call.body)
         if call.params:
             args["params"] = call.params
         return args
 
-    def _translate(self, exc: httpx.HTTPError, call: Call) -> CproxyError:
+    def _translate(self, exc: httpx.HTTPError, call: Call[Any]) -> ClientError:
         where = f"{call.method} {self.url}{call.path}"
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
             return ConnectError(f"{where}: cannot connect: {exc}")
@@ -99,56 +160,56 @@ class BaseClient:
             return RequestTimeout(f"{where}: no answer in time: {exc!r}")
         return TransportError(f"{where}: {type(exc).__name__}: {exc}")
 
-    def _decode(self, response: httpx.Response, call: Call) -> Any:
+    def _decode(self, response: httpx.Response, call: Call[Any]) -> Any:
         try:
             data = orjson.loads(response.content) if response.content else None
         except orjson.JSONDecodeError as exc:
             if response.status_code >= 400:
-                raise api_error_class(response.status_code)(
-                    response.status_code, "http_error", response.text[:200] or "no body"
-                ) from exc
+                raise api_error(response, "http_error", response.text[:200] or "no body") from exc
             raise ProtocolError(f"{call.method} {call.path}: answer is not JSON") from exc
         if response.status_code >= 400:
             error = data.get("error") if isinstance(data, dict) else None
             if not isinstance(error, dict):
                 error = {}
-            raise api_error_class(response.status_code)(
-                response.status_code,
+            raise api_error(
+                response,
                 str(error.get("code", "http_error")),
                 str(error.get("message", response.reason_phrase)),
             )
         return data
 
     def _retry_delay_ms(
-        self, exc: CproxyError, call: Call, attempt: int, policy: RetryPolicy
+        self, exc: ClientError, call: Call[Any], attempt: int, policy: RetryPolicy
     ) -> float | None:
         """How long to wait before trying ``call`` again, or None to give up."""
         if attempt >= policy.max_attempts or not exc.retryable:
             return None
-        # A refused connection or a 503 means nothing was applied; anything else (timeout,
-        # reset mid-answer, other 5xx) may have been, so only idempotent calls repeat then.
-        provably_unapplied = isinstance(exc, ConnectError) or (
-            isinstance(exc, ApiError) and exc.status == 503
-        )
+        # A refused connection, a 503 or a 429 means nothing was applied; anything else
+        # (timeout, reset mid-answer, other 5xx) may have been, so only idempotent calls repeat.
+        provably_unapplied = isinstance(exc, ConnectError | ServiceUnavailable | Throttled)
         if not (provably_unapplied or call.idempotent):
             return None
+        if isinstance(exc, ApiError) and exc.retry_after_ms is not None:
+            return min(exc.retry_after_ms, MAX_RETRY_AFTER_MS)
         return policy.backoff_ms(attempt)
 
-    # -- calls -------------------------------------------------------------------------------
+    # -- topics ------------------------------------------------------------------------------
     @staticmethod
-    def _create_topic_call(name: str, queues: int) -> Call:
-        return Call("POST", "/v1/topics", {"name": name, "queues": queues})
+    def _create_topic(name: str, queues: int) -> Call[TopicInfo]:
+        return Call("POST", "/v1/topics", parse_topic, {"name": name, "queues": queues})
 
     @staticmethod
-    def _topic_call(name: str) -> Call:
-        return Call("GET", f"/v1/topics/{_seg(name)}")
+    def _get_topic(name: str) -> Call[dict[str, Any]]:
+        return Call("GET", f"/v1/topics/{seg(name)}", mapping)
 
     @staticmethod
-    def _group_call(method: str, group: str, suffix: str = "", body: Any = None) -> Call:
-        return Call(method, f"/v1/groups/{_seg(group)}{suffix}", body)
+    def _list_topics() -> Call[list[TopicInfo]]:
+        return Call(
+            "GET", "/v1/topics", lambda d: [parse_topic(t) for t in list_field(d, "topics")]
+        )
 
     @staticmethod
-    def _produce_call(topic: str, messages: Iterable[OutgoingMessage]) -> Call:
+    def _produce(topic: str, messages: Iterable[OutgoingMessage]) -> Call[list[SendResult]]:
         wire = [outgoing_to_wire(m) for m in messages]
         if not wire:
             raise ValueError("send_batch needs at least one message")
@@ -156,17 +217,56 @@ class BaseClient:
         # has an id: then the server's dedup turns the repeat into "duplicate": true.
         all_ids = all(m.get("id") is not None for m in wire)
         return Call(
-            "POST", f"/v1/topics/{_seg(topic)}/messages", {"messages": wire}, idempotent=all_ids
+            "POST",
+            f"/v1/topics/{seg(topic)}/messages",
+            lambda d: parse_send(d, len(wire)),
+            {"messages": wire},
+            idempotent=all_ids,
         )
 
-    def _pull_call(
+    @staticmethod
+    def _produce_encoded(
+        topic: str, encoded: Sequence[bytes], with_ids: bool
+    ) -> Call[list[SendResult]]:
+        if not encoded:
+            raise ValueError("produce_encoded needs at least one message")
+        # Spliced, not re-encoded: a repeat sends byte-identical content.
+        content = b'{"messages":[' + b",".join(encoded) + b"]}"
+        count = len(encoded)
+        return Call(
+            "POST",
+            f"/v1/topics/{seg(topic)}/messages",
+            lambda d: parse_send(d, count),
+            content=content,
+            idempotent=with_ids,
+        )
+
+    # -- groups ------------------------------------------------------------------------------
+    @staticmethod
+    def _group(
+        method: str,
+        group: str,
+        suffix: str = "",
+        body: Any = None,
+        parse: Callable[[Any], Any] = mapping,
+        **kwargs: Any,
+    ) -> Call[Any]:
+        return Call(method, f"/v1/groups/{seg(group)}{suffix}", parse, body, **kwargs)
+
+    @staticmethod
+    def _list_groups() -> Call[list[GroupInfo]]:
+        return Call(
+            "GET", "/v1/groups", lambda d: [parse_group(g) for g in list_field(d, "groups")]
+        )
+
+    def _pull(
         self,
         group: str,
         max_messages: int,
         wait_ms: int,
         topics: Sequence[str] | None,
         results: Sequence[QueueResult],
-    ) -> Call:
+    ) -> Call[PullResult]:
         body: dict[str, Any] = {"max_messages": max_messages, "wait_ms": wait_ms}
         if topics is not None:
             body["topics"] = list(topics)
@@ -174,117 +274,102 @@ class BaseClient:
             body["results"] = results_to_wire(results)
         # Never repeated blindly: a pull whose answer was lost has handed messages out, and
         # repeating it would hand out others while those wait for their ack timeout.
-        return Call(
+        return self._group(
             "POST",
-            f"/v1/groups/{_seg(group)}/pull",
+            group,
+            "/pull",
             body,
+            self._parse_pull,
             idempotent=False,
             timeout_s=wait_ms / 1000 + self._timeout_s,
         )
 
-    @staticmethod
-    def _ack_call(group: str, results: Sequence[QueueResult]) -> Call:
-        return Call("POST", f"/v1/groups/{_seg(group)}/ack", {"results": results_to_wire(results)})
+    def _ack(self, group: str, results: Sequence[QueueResult]) -> Call[AckResult]:
+        return self._group("POST", group, "/ack", {"results": results_to_wire(results)}, parse_ack)
 
-    @staticmethod
-    def _extend_call(group: str, refs: Iterable[MessageRef], ack_timeout_ms: int) -> Call:
+    def _extend(
+        self, group: str, refs: Iterable[MessageRef], ack_timeout_ms: int
+    ) -> Call[ExtendResult]:
         messages = [{"topic": t, "qid": q, "offset": o} for t, q, o in refs]
-        return Call(
-            "POST",
-            f"/v1/groups/{_seg(group)}/extend",
-            {"messages": messages, "ack_timeout_ms": ack_timeout_ms},
+        body = {"messages": messages, "ack_timeout_ms": ack_timeout_ms}
+        return self._group("POST", group, "/extend", body, parse_extend)
+
+    def _seek(
+        self, group: str, topic: str, to: str | int | Mapping[str, int], qid: int | None
+    ) -> Call[dict[str, Any]]:
+        return self._group("POST", group, "/seek", {"topic": topic, "qid": qid, "to": to})
+
+    def _dead_letters(
+        self, group: str, topic: str | None, limit: int | None
+    ) -> Call[list[dict[str, Any]]]:
+        params = query_params(topic=topic, limit=limit)
+        return self._group(
+            "GET",
+            group,
+            "/dead-letters",
+            parse=lambda d: list_field(d, "dead_letters"),
+            params=params,
         )
 
-    # -- answers -----------------------------------------------------------------------------
+    def _redrive(self, group: str, topic: str | None) -> Call[int]:
+        body = {"topic": topic} if topic is not None else {}
+        return self._group(
+            "POST",
+            group,
+            "/dead-letters/redrive",
+            body,
+            lambda d: int(mapping(d).get("redriven", 0)),
+            idempotent=False,
+        )
+
+    def _blocked_keys(
+        self, group: str, topic: str | None, min_blocked_ms: int | None, limit: int | None
+    ) -> Call[list[dict[str, Any]]]:
+        params = query_params(topic=topic, min_blocked_ms=min_blocked_ms, limit=limit)
+        return self._group(
+            "GET",
+            group,
+            "/blocked-keys",
+            parse=lambda d: list_field(d, "blocked_keys"),
+            params=params,
+        )
+
+    def _blocked_key_action(
+        self, action: str, group: str, topic: str, head: BlockedHead
+    ) -> Call[MessageRef]:
+        """``skip`` or ``release`` a blocked head, named by order value or by (qid, offset)."""
+        body: dict[str, Any] = {"topic": topic}
+        if isinstance(head, str):
+            body["order_value"] = head
+        else:
+            qid, offset = head
+            body.update(qid=qid, offset=offset)
+        word = "skipped" if action == "skip" else "released"
+        # Not repeated blindly: a second skip would dead-letter the next head of the chain.
+        return self._group(
+            "POST",
+            group,
+            f"/blocked-keys/{action}",
+            body,
+            lambda d: parse_ref(mapping(d).get(word)),
+            idempotent=False,
+        )
+
+    # -- health ------------------------------------------------------------------------------
     @staticmethod
-    def _parse_topic(data: Any) -> TopicInfo:
-        obj = _obj(data)
-        try:
-            return TopicInfo(name=str(obj["name"]), queues=int(obj["queues"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed topic in answer: {exc!r}") from exc
+    def _health() -> Call[dict[str, Any]]:
+        return Call("GET", "/healthz", mapping)
 
     @staticmethod
-    def _parse_send(data: Any, expected: int) -> list[SendResult]:
-        rows = _obj(data).get("results")
-        if not isinstance(rows, list) or len(rows) != expected:
-            raise ProtocolError(f"produce answered {rows!r} for {expected} message(s)")
-        try:
-            return [
-                SendResult(
-                    qid=int(r["qid"]),
-                    offset=int(r["offset"]),
-                    duplicate=bool(r.get("duplicate", False)),
-                )
-                for r in rows
-            ]
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed produce result: {exc!r}") from exc
+    def _ready() -> Call[dict[str, Any]]:
+        return Call("GET", "/readyz", mapping)
 
     def _parse_pull(self, data: Any) -> PullResult:
-        obj = _obj(data)
+        obj = as_object(data)
         raw = obj.get("messages") or []
         server = self.url
         try:
             messages = tuple(message_from_wire(m, server) for m in raw)
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"malformed message in pull answer: {exc!r}") from exc
-        return PullResult(messages, _parse_ack(obj.get("results")))
-
-    @staticmethod
-    def _parse_ack(data: Any) -> AckResult:
-        return _parse_ack(data)
-
-    @staticmethod
-    def _parse_extend(data: Any) -> ExtendResult:
-        ack = _parse_ack(data)
-        return ExtendResult(applied=ack.applied, unknown=ack.unknown)
-
-
-def outgoing_to_wire(message: OutgoingMessage) -> dict[str, Any]:
-    """Check one message mapping for :meth:`Producer.send_batch` and return its wire form."""
-    extra = set(message) - _OUTGOING_KEYS
-    if extra:
-        raise ValueError(
-            f"unknown message field(s) {sorted(extra)}; allowed: {sorted(_OUTGOING_KEYS)}"
-        )
-    if "body" not in message:
-        raise ValueError("every message needs a 'body' (any JSON value)")
-    return {k: v for k, v in message.items() if v is not None or k == "body"}
-
-
-def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
-    """Results in the pull/ack shape; fails in the extended form that carries the error."""
-    out: list[dict[str, Any]] = []
-    for r in results:
-        fails: list[dict[str, Any]] = []
-        for offset, error in r.fails:
-            fail: dict[str, Any] = {"offset": offset}
-            if error is not None:
-                fail["error"] = error
-            fails.append(fail)
-        out.append({"topic": r.topic, "qid": r.qid, "acks": list(r.acks), "fails": fails})
-    return out
-
-
-def _parse_ack(data: Any) -> AckResult:
-    if data is None:
-        return AckResult()
-    obj = _obj(data)
-    try:
-        unknown = tuple(
-            (str(u["topic"]), int(u["qid"]), int(u["offset"])) for u in obj.get("unknown") or ()
-        )
-        return AckResult(applied=int(obj.get("applied", 0)), unknown=unknown)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed results in answer: {exc!r}") from exc
-
-
-def _obj(data: Any) -> dict[str, Any]:
-    if not isinstance(data, dict):
-        raise ProtocolError(f"expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _seg(name: str) -> str:
-    return quote(name, safe="")
+        return PullResult(messages, parse_ack(obj.get("results")))

@@ -20,7 +20,7 @@ import httpx
 
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
-from consumer_sdk.errors import CproxyError, NotFound
+from consumer_sdk.errors import ClientError, ResourceNotFound
 from consumer_sdk.models import AckResult
 
 from ._lease import keep_leases, lease_settings
@@ -292,7 +292,7 @@ class ConsumerCore:
                     results=results,
                     retry=NO_RETRY,
                 )
-            except CproxyError as exc:
+            except ClientError as exc:
                 ledger.restore_results(index, results)
                 ledger.count("pull_errors")
                 if self._missing_group(exc) and await self._recreate_group(client):
@@ -321,8 +321,8 @@ class ConsumerCore:
             if idle_ms > waited_ms:
                 await self.pause((idle_ms - waited_ms) / 1000, lambda: self._stopping)
 
-    def _missing_group(self, exc: CproxyError) -> bool:
-        return isinstance(exc, NotFound) and exc.code == "group_not_found"
+    def _missing_group(self, exc: ClientError) -> bool:
+        return isinstance(exc, ResourceNotFound) and exc.code == "group_not_found"
 
     async def _recreate_group(self, client: AsyncClient) -> bool:
         """With ``ensure_group``, PUT the group on a server that lacks it (one that was down
@@ -331,7 +331,7 @@ class ConsumerCore:
             return False
         try:
             await client.put_group(self.group, self._group_body)
-        except CproxyError as exc:
+        except ClientError as exc:
             log.warning("cannot create group %r on %s: %s", self.group, client.url, exc)
             return False
         log.warning("group %r was missing on %s: created it", self.group, client.url)
@@ -357,7 +357,7 @@ class ConsumerCore:
                 continue
             try:
                 answer = await client.ack(self.group, results, retry=NO_RETRY)
-            except CproxyError as exc:
+            except ClientError as exc:
                 ledger.restore_results(index, results)
                 if not exc.retryable:
                     self.fail(exc)
@@ -378,7 +378,7 @@ class ConsumerCore:
             try:
                 self._note(client, await client.ack(self.group, results, retry=NO_RETRY))
                 continue
-            except CproxyError as exc:
+            except ClientError as exc:
                 ledger.restore_results(index, results)
                 errors += 1
                 delay_s = self.config.retry.backoff_ms(errors) / 1000

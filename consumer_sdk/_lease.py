@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
-from consumer_sdk.errors import CproxyError
+from consumer_sdk.errors import ClientError
 
 from ._ledger import Delivery
 
@@ -58,7 +58,7 @@ async def _extend(core: ConsumerCore, index: int, deliveries: list[Delivery]) ->
         answer = await client.extend(
             core.group, [d.message.ref for d in deliveries], core.extend_lease_ms, retry=NO_RETRY
         )
-    except CproxyError as exc:
+    except ClientError as exc:
         # Not fatal: the next tick tries again while the current lease still runs.
         log.warning("extending %d lease(s) on %s failed: %s", len(deliveries), client.url, exc)
         return

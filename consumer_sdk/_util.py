@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer_sdk.client import AsyncClient
-from consumer_sdk.errors import CproxyError
+from consumer_sdk.errors import ClientError
 from consumer_sdk.models import Message
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -58,11 +58,11 @@ async def prepare_group(
     """
     found: int | None = None
     if body is not None:
-        failures: list[CproxyError] = []
+        failures: list[ClientError] = []
         for client in clients:
             try:
                 answer = await client.put_group(group, body)
-            except CproxyError as exc:
+            except ClientError as exc:
                 if not exc.retryable:
                     raise
                 log.warning("cannot create group %r on %s: %s", group, client.url, exc)
@@ -76,7 +76,7 @@ async def prepare_group(
     for client in clients:
         try:
             return ack_timeout_of(await client.get_group(group))
-        except CproxyError as exc:
+        except ClientError as exc:
             if not exc.retryable:
                 raise
             log.warning("cannot read group %r from %s yet: %s", group, client.url, exc)

@@ -8,19 +8,18 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
-from consumer_sdk.config import ConsumerConfig, RetryPolicy
+from consumer_sdk.config import ConsumerOptions
 from consumer_sdk.errors import ConsumerError
 from consumer_sdk.models import Message
 
-from ._core import ConsumerCore
+from ._consumer_base import ConsumerBase
 from ._dispatch import AsyncHandler, IterDispatcher, TaskDispatcher
-from ._ledger import ConsumerStats, Delivery
-from ._util import describe, group_body
-from .consumer import server_list
+from ._ledger import Delivery
+from ._util import describe
 
 log = logging.getLogger("consumer_sdk.consumer")
 
@@ -28,7 +27,7 @@ _UNSETTLED = "consumer stopped before the message was acked or nacked"
 _RELEASED = "released unprocessed: consumer stopped"
 
 
-class AsyncConsumer:
+class AsyncConsumer(ConsumerBase):
     """Consumes a group's messages on the running event loop.
 
     Two ways to use it; both deliver at least once, and messages sharing an order value one at
@@ -68,50 +67,24 @@ class AsyncConsumer:
         handler: AsyncHandler | None = None,
         topics: Sequence[str] | None = None,
         auto_ack: bool = True,
-        concurrency: int = 8,
-        max_messages: int = 32,
-        wait_ms: int = 1_000,
-        max_outstanding: int | None = None,
-        ack_linger_ms: int = 10,
-        extend_after_ms: int | None = None,
-        extend_lease_ms: int | None = None,
-        idle_backoff_ms: int = 50,
-        max_idle_backoff_ms: int = 1_000,
-        request_timeout_ms: int = 10_000,
-        drain_timeout_ms: int | None = None,
-        flush_timeout_ms: int = 10_000,
-        retry: RetryPolicy | None = None,
         ensure_group: Mapping[str, Any] | None = None,
         token: str | None = None,
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
-        self.servers = server_list(servers)
-        self.group = group
-        self.topics = list(topics) if topics is not None else None
-        self.config = ConsumerConfig(
-            concurrency=concurrency,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            max_outstanding=max_outstanding,
-            ack_linger_ms=ack_linger_ms,
-            extend_after_ms=extend_after_ms,
-            extend_lease_ms=extend_lease_ms,
-            idle_backoff_ms=idle_backoff_ms,
-            max_idle_backoff_ms=max_idle_backoff_ms,
-            request_timeout_ms=request_timeout_ms,
-            drain_timeout_ms=drain_timeout_ms,
-            flush_timeout_ms=flush_timeout_ms,
-            retry=retry or RetryPolicy(),
+        super().__init__(
+            servers,
+            group=group,
+            topics=topics,
+            ensure_group=ensure_group,
+            token=token,
+            handle_signals=handle_signals,
+            transport=transport,
+            options=options,
         )
         self._handler = handler
         self._auto_ack = auto_ack
-        # Validated now, so a bad config fails here rather than inside start().
-        self._ensure_group = group_body(ensure_group, topics) if ensure_group is not None else None
-        self._token = token
-        self._handle_signals = handle_signals
-        self._transport = transport
-        self._core: ConsumerCore | None = None
         self._iter: IterDispatcher | None = None
         self._serve: asyncio.Task[None] | None = None
         self._held: dict[int, Delivery] = {}
@@ -119,15 +92,9 @@ class AsyncConsumer:
         self._stopped = False
         self._remove_signals: Callable[[], None] = lambda: None
 
-    def __repr__(self) -> str:
-        return f"AsyncConsumer(group={self.group!r}, servers={self.servers!r})"
-
     @property
     def running(self) -> bool:
         return self._serve is not None and not self._serve.done()
-
-    def stats(self) -> ConsumerStats:
-        return self._core.stats() if self._core is not None else ConsumerStats()
 
     async def start(self) -> None:
         """Prepare the group and start pulling; raises what prevented the start."""
@@ -139,16 +106,7 @@ class AsyncConsumer:
             )
         else:
             dispatcher = self._iter = IterDispatcher()
-        core = ConsumerCore(
-            self.servers,
-            self.group,
-            self.topics,
-            self.config,
-            dispatcher,
-            token=self._token,
-            ensure_group=self._ensure_group,
-            transport=self._transport,
-        )
+        core = self._new_core(dispatcher)
         await core.start()
         self._core = core
         self._serve = asyncio.create_task(core.serve(), name=f"cproxy-{self.group}")

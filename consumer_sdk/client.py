@@ -1,9 +1,12 @@
 """Typed HTTP clients for one cproxy server: :class:`Client` and its async twin.
 
-Both speak the JSON API of DESIGN §4 and share everything but I/O with
-:class:`consumer_sdk._base.BaseClient`. Calls are retried per their :class:`RetryPolicy` on
-transport errors and 503; a call that may already have been applied (timeout, reset) is only
-repeated when it is idempotent (``pull`` never is; ``produce`` is when every message has an id).
+They are *the* client of the HTTP contract (DESIGN §4): the producers, the consumer loops, the
+Spark sink and the ``cproxy`` CLI all go through them. Both share everything but I/O with
+:class:`consumer_sdk._base.BaseClient`, where every call is built and every answer parsed; each
+method here is one line that sends a call. Calls are retried per their :class:`RetryPolicy`
+on transport errors, 429 and 503; a call that may already have been applied (timeout, reset) is
+only repeated when it is idempotent (``pull``, ``redrive``, ``skip`` and ``release`` never are;
+``produce`` is when every message has an id).
 """
 
 from __future__ import annotations
@@ -11,17 +14,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from types import TracebackType
-from typing import Any, Self
+from typing import Any, TypeVar
 
 import httpx
 
-from consumer_sdk._base import BaseClient, Call
-from consumer_sdk.config import RetryPolicy
-from consumer_sdk.errors import CproxyError
+from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
+from consumer_sdk.config import NO_RETRY, RetryPolicy
+from consumer_sdk.errors import ClientError, ServiceUnavailable
 from consumer_sdk.models import (
     AckResult,
     ExtendResult,
+    GroupInfo,
     MessageRef,
     OutgoingMessage,
     PullResult,
@@ -31,14 +34,24 @@ from consumer_sdk.models import (
 )
 
 DEFAULT_TIMEOUT_MS = 10_000
+T = TypeVar("T")
+
+#: Seek targets: ``"earliest"``, ``"latest"``, an offset, or ``{"timestamp_ms": n}``.
+SeekTarget = str | int | Mapping[str, int]
 
 
-class Client(BaseClient):
+def _http_kwargs(url: str) -> dict[str, Any]:
+    # A plain-HTTP client never makes a TLS connection (paths are relative to the base URL and
+    # redirects are not followed), so skip building an SSL context: it costs ~10 ms per client.
+    return {"verify": False} if url.startswith("http://") else {}
+
+
+class Client(Closing, BaseClient):
     """Blocking client for one server. Thread-safe; close it (or use ``with``) when done.
 
     ``timeout_ms`` bounds each HTTP call (a pull adds its ``wait_ms``); ``retry`` sets how
     transient errors are retried; ``transport`` lets tests or custom networking replace the
-    HTTPX transport.
+    HTTPX transport. Errors are :class:`~consumer_sdk.ClientError` subclasses.
     """
 
     def __init__(
@@ -51,21 +64,15 @@ class Client(BaseClient):
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         super().__init__(url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy())
-        self._http = httpx.Client(base_url=self.url, headers=self._headers, transport=transport)
+        self._http = httpx.Client(
+            base_url=self.url, headers=self._headers, transport=transport, **_http_kwargs(url)
+        )
 
     def close(self) -> None:
         """Close the connection pool; idempotent."""
         self._http.close()
 
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def _request(self, call: Call, retry: RetryPolicy | None = None) -> Any:
+    def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
         attempt = 1
         while True:
@@ -77,43 +84,66 @@ class Client(BaseClient):
                 except httpx.HTTPError as exc:
                     raise self._translate(exc, call) from exc
                 return self._decode(response, call)
-            except CproxyError as exc:
+            except ClientError as exc:
                 delay_ms = self._retry_delay_ms(exc, call, attempt, policy)
                 if delay_ms is None:
                     raise
             time.sleep(delay_ms / 1000)
             attempt += 1
 
+    def _send(self, call: Call[T], retry: RetryPolicy | None = None) -> T:
+        return call.parse(self._request(call, retry))
+
     # -- topics ------------------------------------------------------------------------------
     def create_topic(self, name: str, queues: int) -> TopicInfo:
         """Create a topic with ``queues`` queues; the same call again is a no-op (409 if the
         queue count differs)."""
-        return self._parse_topic(self._request(self._create_topic_call(name, queues)))
+        return self._send(self._create_topic(name, queues))
 
     def get_topic(self, name: str) -> dict[str, Any]:
         """``{"name", "queues", "queue_stats": [{"qid", "min_offset", "next_offset"}]}``."""
-        return dict(self._request(self._topic_call(name)))
+        return self._send(self._get_topic(name))
 
     def list_topics(self) -> list[TopicInfo]:
-        data = self._request(Call("GET", "/v1/topics"))
-        return [self._parse_topic(t) for t in data.get("topics", [])]
+        """Every topic the token may read."""
+        return self._send(self._list_topics())
 
     def produce(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Append messages atomically; results are in input order. See :class:`Producer`."""
-        call = self._produce_call(topic, messages)
-        return self._parse_send(self._request(call), len(call.body["messages"]))
+        return self._send(self._produce(topic, messages))
+
+    def produce_encoded(
+        self,
+        topic: str,
+        encoded: Sequence[bytes],
+        *,
+        with_ids: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> list[SendResult]:
+        """Like :meth:`produce` for messages already encoded as JSON objects (bytes).
+
+        They are spliced into the request as they are, so a retry re-sends identical bytes.
+        ``with_ids``: the caller vouches that every message has an ``id``, which makes the
+        call safe to repeat after a timeout (the server's dedup absorbs the repeat).
+        """
+        return self._send(self._produce_encoded(topic, encoded, with_ids), retry)
 
     # -- groups ------------------------------------------------------------------------------
+    def list_groups(self) -> list[GroupInfo]:
+        """Every group the token may use (``GET /v1/groups``, an extension of the contract)."""
+        return self._send(self._list_groups())
+
     def put_group(self, group: str, config: Mapping[str, Any]) -> dict[str, Any]:
         """Create or update a group; returns the effective config with defaults filled in."""
-        return dict(self._request(self._group_call("PUT", group, body=dict(config))))
+        return self._send(self._group("PUT", group, body=dict(config)))
 
     def get_group(self, group: str) -> dict[str, Any]:
         """The group's config and stats (``in_flight``, ``ready``, per-queue ``lag``...)."""
-        return dict(self._request(self._group_call("GET", group)))
+        return self._send(self._group("GET", group))
 
     def delete_group(self, group: str) -> None:
-        self._request(self._group_call("DELETE", group))
+        """Delete the group and its progress."""
+        self._send(self._group("DELETE", group))
 
     def pull(
         self,
@@ -127,14 +157,13 @@ class Client(BaseClient):
     ) -> PullResult:
         """Apply ``results``, then take up to ``max_messages`` messages, waiting up to
         ``wait_ms`` for one. Every message returned is in flight until acked or failed."""
-        call = self._pull_call(group, max_messages, wait_ms, topics, results)
-        return self._parse_pull(self._request(call, retry))
+        return self._send(self._pull(group, max_messages, wait_ms, topics, results), retry)
 
     def ack(
         self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
     ) -> AckResult:
         """Send acks/fails without pulling (``POST /v1/groups/{group}/ack``)."""
-        return self._parse_ack(self._request(self._ack_call(group, results), retry))
+        return self._send(self._ack(group, results), retry)
 
     def extend(
         self,
@@ -144,42 +173,65 @@ class Client(BaseClient):
         retry: RetryPolicy | None = None,
     ) -> ExtendResult:
         """Move the ack deadline of in-flight messages to now + ``ack_timeout_ms``."""
-        call = self._extend_call(group, refs, ack_timeout_ms)
-        return self._parse_extend(self._request(call, retry))
+        return self._send(self._extend(group, refs, ack_timeout_ms), retry)
 
+    # -- operations --------------------------------------------------------------------------
     def seek(
-        self, group: str, topic: str, to: str | int | Mapping[str, int], qid: int | None = None
+        self, group: str, topic: str, to: SeekTarget, qid: int | None = None
     ) -> dict[str, Any]:
-        """Move the group to ``"earliest"``, ``"latest"``, an offset or ``{"timestamp_ms": n}``."""
-        body = {"topic": topic, "qid": qid, "to": to}
-        return dict(self._request(self._group_call("POST", group, "/seek", body)) or {})
+        """Move the group to ``"earliest"``, ``"latest"``, an offset or ``{"timestamp_ms": n}``
+        on one queue (``qid``) or all; returns ``{"topic", "offsets": [{"qid", "offset"}]}``."""
+        return self._send(self._seek(group, topic, to, qid))
 
     def dead_letters(
         self, group: str, *, topic: str | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
-        params = {k: str(v) for k, v in (("topic", topic), ("limit", limit)) if v is not None}
-        call = Call("GET", self._group_call("GET", group, "/dead-letters").path, params=params)
-        return list(self._request(call).get("dead_letters", []))
+        """The group's dead letters (server default limit: 100), oldest first."""
+        return self._send(self._dead_letters(group, topic, limit))
 
     def redrive(self, group: str, topic: str | None = None) -> int:
         """Deliver the group's dead letters again (to this group only); returns how many."""
-        body = {"topic": topic} if topic is not None else {}
-        call = Call(
-            "POST",
-            self._group_call("POST", group, "/dead-letters/redrive").path,
-            body,
-            idempotent=False,
-        )
-        return int(self._request(call).get("redriven", 0))
+        return self._send(self._redrive(group, topic))
 
-    def blocked_keys(self, group: str) -> list[dict[str, Any]]:
+    def blocked_keys(
+        self,
+        group: str,
+        *,
+        topic: str | None = None,
+        min_blocked_ms: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
         """Order values whose head is retrying or unacked (see DESIGN §4)."""
-        return list(
-            self._request(self._group_call("GET", group, "/blocked-keys")).get("blocked_keys", [])
-        )
+        return self._send(self._blocked_keys(group, topic, min_blocked_ms, limit))
+
+    def skip(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        """Dead-letter a blocked chain head (its order value, or ``(qid, offset)``) so its
+        chain moves on; returns the skipped message."""
+        return self._send(self._blocked_key_action("skip", group, topic, head))
+
+    def release(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        """Retry a blocked chain head now, with a fresh attempt budget; returns the message."""
+        return self._send(self._blocked_key_action("release", group, topic, head))
+
+    # -- health ------------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        """``GET /healthz``: ``{"status": "ok"}`` while the process is alive."""
+        return self._send(self._health(), NO_RETRY)
+
+    def ready(self) -> bool:
+        """``GET /readyz``: True when the server takes work, False when it answers 503.
+
+        Tried once; raises :class:`~consumer_sdk.TransportError` when the server cannot be
+        reached.
+        """
+        try:
+            self._send(self._ready(), NO_RETRY)
+        except ServiceUnavailable:
+            return False
+        return True
 
 
-class AsyncClient(BaseClient):
+class AsyncClient(AsyncClosing, BaseClient):
     """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable."""
 
     def __init__(
@@ -197,22 +249,18 @@ class AsyncClient(BaseClient):
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         self._http = httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, transport=transport, limits=limits
+            base_url=self.url,
+            headers=self._headers,
+            transport=transport,
+            limits=limits,
+            **_http_kwargs(url),
         )
 
     async def aclose(self) -> None:
         """Close the connection pool; idempotent."""
         await self._http.aclose()
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def _request(self, call: Call, retry: RetryPolicy | None = None) -> Any:
+    async def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
         attempt = 1
         while True:
@@ -224,35 +272,49 @@ class AsyncClient(BaseClient):
                 except httpx.HTTPError as exc:
                     raise self._translate(exc, call) from exc
                 return self._decode(response, call)
-            except CproxyError as exc:
+            except ClientError as exc:
                 delay_ms = self._retry_delay_ms(exc, call, attempt, policy)
                 if delay_ms is None:
                     raise
             await asyncio.sleep(delay_ms / 1000)
             attempt += 1
 
+    async def _send(self, call: Call[T], retry: RetryPolicy | None = None) -> T:
+        return call.parse(await self._request(call, retry))
+
     async def create_topic(self, name: str, queues: int) -> TopicInfo:
-        return self._parse_topic(await self._request(self._create_topic_call(name, queues)))
+        return await self._send(self._create_topic(name, queues))
 
     async def get_topic(self, name: str) -> dict[str, Any]:
-        return dict(await self._request(self._topic_call(name)))
+        return await self._send(self._get_topic(name))
 
     async def list_topics(self) -> list[TopicInfo]:
-        data = await self._request(Call("GET", "/v1/topics"))
-        return [self._parse_topic(t) for t in data.get("topics", [])]
+        return await self._send(self._list_topics())
 
     async def produce(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
-        call = self._produce_call(topic, messages)
-        return self._parse_send(await self._request(call), len(call.body["messages"]))
+        return await self._send(self._produce(topic, messages))
+
+    async def produce_encoded(
+        self,
+        topic: str,
+        encoded: Sequence[bytes],
+        *,
+        with_ids: bool = False,
+        retry: RetryPolicy | None = None,
+    ) -> list[SendResult]:
+        return await self._send(self._produce_encoded(topic, encoded, with_ids), retry)
+
+    async def list_groups(self) -> list[GroupInfo]:
+        return await self._send(self._list_groups())
 
     async def put_group(self, group: str, config: Mapping[str, Any]) -> dict[str, Any]:
-        return dict(await self._request(self._group_call("PUT", group, body=dict(config))))
+        return await self._send(self._group("PUT", group, body=dict(config)))
 
     async def get_group(self, group: str) -> dict[str, Any]:
-        return dict(await self._request(self._group_call("GET", group)))
+        return await self._send(self._group("GET", group))
 
     async def delete_group(self, group: str) -> None:
-        await self._request(self._group_call("DELETE", group))
+        await self._send(self._group("DELETE", group))
 
     async def pull(
         self,
@@ -264,13 +326,12 @@ class AsyncClient(BaseClient):
         results: Sequence[QueueResult] = (),
         retry: RetryPolicy | None = None,
     ) -> PullResult:
-        call = self._pull_call(group, max_messages, wait_ms, topics, results)
-        return self._parse_pull(await self._request(call, retry))
+        return await self._send(self._pull(group, max_messages, wait_ms, topics, results), retry)
 
     async def ack(
         self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
     ) -> AckResult:
-        return self._parse_ack(await self._request(self._ack_call(group, results), retry))
+        return await self._send(self._ack(group, results), retry)
 
     async def extend(
         self,
@@ -279,32 +340,43 @@ class AsyncClient(BaseClient):
         ack_timeout_ms: int,
         retry: RetryPolicy | None = None,
     ) -> ExtendResult:
-        call = self._extend_call(group, refs, ack_timeout_ms)
-        return self._parse_extend(await self._request(call, retry))
+        return await self._send(self._extend(group, refs, ack_timeout_ms), retry)
 
     async def seek(
-        self, group: str, topic: str, to: str | int | Mapping[str, int], qid: int | None = None
+        self, group: str, topic: str, to: SeekTarget, qid: int | None = None
     ) -> dict[str, Any]:
-        body = {"topic": topic, "qid": qid, "to": to}
-        return dict(await self._request(self._group_call("POST", group, "/seek", body)) or {})
+        return await self._send(self._seek(group, topic, to, qid))
 
     async def dead_letters(
         self, group: str, *, topic: str | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
-        params = {k: str(v) for k, v in (("topic", topic), ("limit", limit)) if v is not None}
-        call = Call("GET", self._group_call("GET", group, "/dead-letters").path, params=params)
-        return list((await self._request(call)).get("dead_letters", []))
+        return await self._send(self._dead_letters(group, topic, limit))
 
     async def redrive(self, group: str, topic: str | None = None) -> int:
-        body = {"topic": topic} if topic is not None else {}
-        call = Call(
-            "POST",
-            self._group_call("POST", group, "/dead-letters/redrive").path,
-            body,
-            idempotent=False,
-        )
-        return int((await self._request(call)).get("redriven", 0))
+        return await self._send(self._redrive(group, topic))
 
-    async def blocked_keys(self, group: str) -> list[dict[str, Any]]:
-        data = await self._request(self._group_call("GET", group, "/blocked-keys"))
-        return list(data.get("blocked_keys", []))
+    async def blocked_keys(
+        self,
+        group: str,
+        *,
+        topic: str | None = None,
+        min_blocked_ms: int | None = None,
+        limit: int | None = None,
+    ) -> list[dict[str, Any]]:
+        return await self._send(self._blocked_keys(group, topic, min_blocked_ms, limit))
+
+    async def skip(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        return await self._send(self._blocked_key_action("skip", group, topic, head))
+
+    async def release(self, group: str, topic: str, head: BlockedHead) -> MessageRef:
+        return await self._send(self._blocked_key_action("release", group, topic, head))
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(self._health(), NO_RETRY)
+
+    async def ready(self) -> bool:
+        try:
+            await self._send(self._ready(), NO_RETRY)
+        except ServiceUnavailable:
+            return False
+        return True

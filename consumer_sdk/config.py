@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +43,30 @@ class RetryPolicy:
 
 #: Retry nothing: one try per call.
 NO_RETRY = RetryPolicy(max_attempts=1)
+
+
+class ConsumerOptions(TypedDict, total=False):
+    """The tuning keywords that :class:`~consumer_sdk.Consumer` and ``AsyncConsumer`` share.
+
+    Each is a field of :class:`ConsumerConfig` (same name, same default and meaning; durations
+    in milliseconds); ``retry=None`` means the default :class:`RetryPolicy`. Both consumers
+    take them as ``**options`` and turn them into their ``config`` with
+    :meth:`ConsumerConfig.from_options`, so there is one list of options, not one per consumer.
+    """
+
+    concurrency: int
+    max_messages: int
+    wait_ms: int
+    max_outstanding: int | None
+    ack_linger_ms: int
+    extend_after_ms: int | None
+    extend_lease_ms: int | None
+    idle_backoff_ms: int
+    max_idle_backoff_ms: int
+    request_timeout_ms: int
+    drain_timeout_ms: int | None
+    flush_timeout_ms: int
+    retry: RetryPolicy | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +123,19 @@ class ConsumerConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+
+    @classmethod
+    def from_options(cls, options: ConsumerOptions) -> ConsumerConfig:
+        """Validated settings from a consumer's keyword options (absent ones take defaults).
+
+        An unknown keyword is a ``TypeError`` naming it, as for any misspelt argument.
+        """
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"unexpected consumer option(s): {', '.join(unknown)}")
+        values = {k: v for k, v in options.items() if v is not None or k != "retry"}
+        return cls(**values)  # type: ignore[arg-type]
 
     @property
     def outstanding_limit(self) -> int:

@@ -10,29 +10,20 @@ import signal
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType, TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 import httpx
 
-from consumer_sdk.config import ConsumerConfig, RetryPolicy
+from consumer_sdk.config import ConsumerOptions
 from consumer_sdk.errors import ConsumerError
 
-from ._core import ConsumerCore
+from ._consumer_base import ConsumerBase
 from ._dispatch import SyncHandler, ThreadDispatcher
-from ._ledger import ConsumerStats
-from ._util import group_body
 
 log = logging.getLogger("consumer_sdk.consumer")
 
 
-def server_list(servers: str | Sequence[str]) -> list[str]:
-    urls = [servers] if isinstance(servers, str) else list(servers)
-    if not urls:
-        raise ValueError("give at least one server URL")
-    return urls
-
-
-class Consumer:
+class Consumer(ConsumerBase):
     """Consumes a group's messages with a sync ``handler(msg)`` on a pool of threads.
 
     Delivery semantics: at least once. A handler that returns acks its message; one that raises
@@ -42,7 +33,8 @@ class Consumer:
     :func:`consumer_sdk.idempotent`): a message may be delivered again after a crash or an ack
     timeout.
 
-    Arguments (durations in milliseconds):
+    Arguments (durations in milliseconds); the tuning ones, ``concurrency`` to ``retry``, are
+    the :class:`~consumer_sdk.ConsumerOptions` both consumers share:
 
     - ``servers``: one base URL or several; each gets its own puller, and results go back to
       the server that delivered the message.
@@ -75,74 +67,41 @@ class Consumer:
         group: str,
         handler: SyncHandler,
         topics: Sequence[str] | None = None,
-        concurrency: int = 8,
-        max_messages: int = 32,
-        wait_ms: int = 1_000,
-        max_outstanding: int | None = None,
-        ack_linger_ms: int = 10,
-        extend_after_ms: int | None = None,
-        extend_lease_ms: int | None = None,
-        idle_backoff_ms: int = 50,
-        max_idle_backoff_ms: int = 1_000,
-        request_timeout_ms: int = 10_000,
-        drain_timeout_ms: int | None = None,
-        flush_timeout_ms: int = 10_000,
-        retry: RetryPolicy | None = None,
         ensure_group: Mapping[str, Any] | None = None,
         token: str | None = None,
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        **options: Unpack[ConsumerOptions],
     ) -> None:
         if inspect.iscoroutinefunction(handler):
             raise TypeError("handler is an async function: use AsyncConsumer")
-        self.servers = server_list(servers)
-        self.group = group
-        self.topics = list(topics) if topics is not None else None
-        self.config = ConsumerConfig(
-            concurrency=concurrency,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            max_outstanding=max_outstanding,
-            ack_linger_ms=ack_linger_ms,
-            extend_after_ms=extend_after_ms,
-            extend_lease_ms=extend_lease_ms,
-            idle_backoff_ms=idle_backoff_ms,
-            max_idle_backoff_ms=max_idle_backoff_ms,
-            request_timeout_ms=request_timeout_ms,
-            drain_timeout_ms=drain_timeout_ms,
-            flush_timeout_ms=flush_timeout_ms,
-            retry=retry or RetryPolicy(),
+        super().__init__(
+            servers,
+            group=group,
+            topics=topics,
+            ensure_group=ensure_group,
+            token=token,
+            handle_signals=handle_signals,
+            transport=transport,
+            options=options,
         )
         self._handler = handler
-        # Validated now, so a bad config fails here rather than inside start().
-        self._ensure_group = group_body(ensure_group, topics) if ensure_group is not None else None
-        self._token = token
-        self._handle_signals = handle_signals
-        self._transport = transport
         self._thread: threading.Thread | None = None
-        self._core: ConsumerCore | None = None
         self._dispatcher: ThreadDispatcher | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-
-    def __repr__(self) -> str:
-        return f"Consumer(group={self.group!r}, servers={self.servers!r})"
 
     @property
     def running(self) -> bool:
         """True from a successful ``start()`` until the loop has stopped."""
         return self._thread is not None and self._thread.is_alive() and self._started.is_set()
 
-    def stats(self) -> ConsumerStats:
-        """Counters of this consumer (pulls, acks, fails, outstanding...)."""
-        return self._core.stats() if self._core is not None else ConsumerStats()
-
     def start(self) -> None:
         """Start consuming in a background thread; returns once the group is prepared.
 
-        Raises what prevented the start (e.g. :class:`~consumer_sdk.NotFound` for an unknown
-        group, or a transport error when ``ensure_group`` could not be applied).
+        Raises what prevented the start (e.g. :class:`~consumer_sdk.ResourceNotFound` for an
+        unknown group, or a transport error when ``ensure_group`` could not be applied).
         """
         if self._thread is not None:
             raise ConsumerError("this consumer was already started; create a new one")
@@ -216,16 +175,7 @@ class Consumer:
 
     async def _amain(self) -> None:
         assert self._dispatcher is not None
-        core = ConsumerCore(
-            self.servers,
-            self.group,
-            self.topics,
-            self.config,
-            self._dispatcher,
-            token=self._token,
-            ensure_group=self._ensure_group,
-            transport=self._transport,
-        )
+        core = self._new_core(self._dispatcher)
         await core.start()
         self._loop = asyncio.get_running_loop()
         self._core = core

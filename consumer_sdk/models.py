@@ -35,6 +35,19 @@ class Message:
         """``(topic, qid, offset)``: the message's identity within one server's store."""
         return (self.topic, self.qid, self.offset)
 
+    def to_dict(self) -> dict[str, Any]:
+        """The message in the pull answer's JSON shape (``server`` left out), e.g. to print."""
+        return {
+            "topic": self.topic,
+            "qid": self.qid,
+            "offset": self.offset,
+            "key": self.key,
+            "body": self.body,
+            "headers": dict(self.headers),
+            "attempt": self.attempt,
+            "produced_at_ms": self.produced_at_ms,
+        }
+
 
 _new = object.__new__
 # Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
@@ -75,8 +88,18 @@ class SendResult:
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
+    """A topic: its name and number of queues (qids ``0..queues-1``)."""
+
     name: str
     queues: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """A consumer group as listed by ``GET /v1/groups``: its name and the topics it reads."""
+
+    name: str
+    topics: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +151,7 @@ OutgoingMessage = Mapping[str, Any]
 __all__ = [
     "AckResult",
     "ExtendResult",
+    "GroupInfo",
     "Message",
     "MessageRef",
     "OutgoingMessage",

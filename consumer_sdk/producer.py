@@ -1,13 +1,22 @@
 """Producers: append messages to topics, with retries that never store a message twice
-when it carries an id."""
+when it carries an id.
+
+A producer *has* a client (:class:`~consumer_sdk.Client` / ``AsyncClient``) rather than being
+one: it offers ``send``/``send_batch`` plus ``create_topic`` (the usual first step of a
+program that produces), and ``producer.client`` gives the full API when a program needs more.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from consumer_sdk.client import AsyncClient, Client
-from consumer_sdk.models import OutgoingMessage, SendResult
+import httpx
+
+from consumer_sdk._base import AsyncClosing, Closing
+from consumer_sdk.client import DEFAULT_TIMEOUT_MS, AsyncClient, Client
+from consumer_sdk.config import RetryPolicy
+from consumer_sdk.models import OutgoingMessage, SendResult, TopicInfo
 
 
 def _one(
@@ -20,19 +29,50 @@ def _one(
     return {"body": body, "key": key, "headers": headers, "id": id, "qid": qid}
 
 
-class Producer(Client):
+class Producer(Closing):
     """Sends messages to one server. Thread-safe; close it (or use ``with``) when done.
+
+    Arguments are those of :class:`~consumer_sdk.Client`: ``url``, and keyword-only ``token``,
+    ``timeout_ms`` (10000, per HTTP call), ``retry`` (a :class:`RetryPolicy`, default 5 tries)
+    and ``transport`` (replaces the HTTPX transport, e.g. in tests).
 
     Delivery: a returned :class:`SendResult` means the message is durably stored and will reach
     every group subscribed to the topic. Connection failures and 503 are retried with backoff
-    (``retry``, default 5 tries) because they prove nothing was stored. A timeout or a reset
-    after sending is retried only when every message of the call has an ``id``: the server's
-    dedup then answers the repeat with ``duplicate=True`` instead of storing it again. Without
-    ids such an error is raised, and the message may or may not have been stored.
+    because they prove nothing was stored. A timeout or a reset after sending is retried only
+    when every message of the call has an ``id``: the server's dedup then answers the repeat
+    with ``duplicate=True`` instead of storing it again. Without ids such an error is raised,
+    and the message may or may not have been stored.
 
     Queue choice: an explicit ``qid``; else a stable hash of ``key`` (Kafka's murmur2); else
     round robin. Messages with one key keep their order.
     """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retry: RetryPolicy | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        #: The client the producer sends through; use it for the rest of the API.
+        self.client = Client(
+            url, token=token, timeout_ms=timeout_ms, retry=retry, transport=transport
+        )
+
+    @property
+    def url(self) -> str:
+        """The server's base URL (without a trailing slash)."""
+        return self.client.url
+
+    def __repr__(self) -> str:
+        return f"Producer({self.url!r})"
+
+    def create_topic(self, name: str, queues: int) -> TopicInfo:
+        """Create the topic to produce to; a no-op when it exists with ``queues`` queues
+        (:class:`~consumer_sdk.ResourceConflict` when the queue count differs)."""
+        return self.client.create_topic(name, queues)
 
     def send(
         self,
@@ -45,20 +85,58 @@ class Producer(Client):
         qid: int | None = None,
     ) -> SendResult:
         """Send one message; ``body`` is any JSON-serialisable value."""
-        return self.produce(topic, [_one(body, key, headers, id, qid)])[0]
+        return self.client.produce(topic, [_one(body, key, headers, id, qid)])[0]
 
     def send_batch(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Send messages atomically (all stored or none); results are in input order.
 
         Each message is a mapping with ``body`` and optionally ``key``, ``headers``, ``id``,
-        ``qid``. The server limits a call (by default 1000 messages and 8 MiB): split larger
-        batches yourself, since splitting gives up atomicity.
+        ``qid``, ``delay_ms`` or ``deliver_at_ms``. The server limits a call (by default 1000
+        messages and 8 MiB): split larger batches yourself, since splitting gives up atomicity.
         """
-        return self.produce(topic, messages)
+        return self.client.produce(topic, messages)
+
+    def close(self) -> None:
+        """Close the connection pool; idempotent."""
+        self.client.close()
 
 
-class AsyncProducer(AsyncClient):
-    """The ``async`` twin of :class:`Producer`; same delivery and retry semantics."""
+class AsyncProducer(AsyncClosing):
+    """The ``async`` twin of :class:`Producer`; same arguments, delivery and retry semantics
+    (``transport`` is an ``httpx.AsyncBaseTransport``; ``producer.client`` an ``AsyncClient``).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        retry: RetryPolicy | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        max_connections: int = 100,
+    ) -> None:
+        #: The client the producer sends through; use it for the rest of the API.
+        self.client = AsyncClient(
+            url,
+            token=token,
+            timeout_ms=timeout_ms,
+            retry=retry,
+            transport=transport,
+            max_connections=max_connections,
+        )
+
+    @property
+    def url(self) -> str:
+        """The server's base URL (without a trailing slash)."""
+        return self.client.url
+
+    def __repr__(self) -> str:
+        return f"AsyncProducer({self.url!r})"
+
+    async def create_topic(self, name: str, queues: int) -> TopicInfo:
+        """Create the topic to produce to (see :meth:`Producer.create_topic`)."""
+        return await self.client.create_topic(name, queues)
 
     async def send(
         self,
@@ -71,8 +149,12 @@ class AsyncProducer(AsyncClient):
         qid: int | None = None,
     ) -> SendResult:
         """Send one message; ``body`` is any JSON-serialisable value."""
-        return (await self.produce(topic, [_one(body, key, headers, id, qid)]))[0]
+        return (await self.client.produce(topic, [_one(body, key, headers, id, qid)]))[0]
 
     async def send_batch(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Send messages atomically (all stored or none); results are in input order."""
-        return await self.produce(topic, messages)
+        return await self.client.produce(topic, messages)
+
+    async def aclose(self) -> None:
+        """Close the connection pool; idempotent."""
+        await self.client.aclose()

@@ -1,7 +1,9 @@
-"""A minimal produce client: one batch per call, in order, with retries on transient errors.
+"""The sink's produce path: one batch per call, in order, with the sink's own retry rules.
 
-Deliberately independent of ``consumer_sdk``: executors only need the produce call, and a
-small client keeps the sink's retry rules (which lean on produce dedup) in one place.
+Calls go through the SDK's client core (:class:`consumer_sdk.Client`), which owns the HTTP
+contract; this module adds only what is the sink's: retries that lean on produce dedup (every
+message has an id, so repeating a call that may have been stored is safe), a backoff driven by
+the sink options, and errors of the sink's own hierarchy. SDK errors are translated here, once.
 Messages arrive already encoded as JSON bytes and are spliced into the request body, so a
 retry re-sends byte-identical content.
 """
@@ -13,11 +15,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from urllib.parse import quote
 
 import httpx
-import orjson
 
+from consumer_sdk import NO_RETRY, ApiError, Client, ClientError, ProtocolError, TransportError
+from consumer_sdk.errors import PermissionDenied, ResourceNotFound
 from spark_sink.errors import ProduceRejectedError, SinkConfigError, SinkUnavailableError
 from spark_sink.options import SinkOptions
 
@@ -27,6 +29,8 @@ log = logging.getLogger(__name__)
 RETRYABLE_STATUSES = frozenset([429, 502, 503, 504])
 #: Never sleep longer than this on one Retry-After, whatever the server asks.
 MAX_RETRY_AFTER_S = 30.0
+#: The preflight never waits longer than this per call, whatever ``timeout_ms`` says.
+MAX_PREFLIGHT_TIMEOUT_MS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +40,16 @@ class ProduceResult:
     duplicate: bool
 
 
+def _client(options: SinkOptions, transport: httpx.BaseTransport | None, timeout_ms: int) -> Client:
+    # NO_RETRY: the sink retries itself (see Producer.send), with its own options and rules.
+    return Client(
+        options.url, token=options.token, timeout_ms=timeout_ms, retry=NO_RETRY, transport=transport
+    )
+
+
 class Producer:
-    """Sends batches for one topic through one ``httpx.Client``; not thread-safe.
+    """Sends batches for one topic through one SDK :class:`~consumer_sdk.Client`; not
+    thread-safe.
 
     ``sleep`` is injectable so retry tests run without real waiting.
     """
@@ -50,16 +62,8 @@ class Producer:
     ) -> None:
         self._options = options
         self._sleep = sleep
-        headers = {"Content-Type": "application/json"}
-        if options.token:
-            headers["Authorization"] = f"Bearer {options.token}"
-        self._client = httpx.Client(
-            base_url=options.url,
-            headers=headers,
-            timeout=options.timeout_ms / 1000,
-            transport=transport,
-        )
-        self._path = f"/v1/topics/{quote(options.topic, safe='')}/messages"
+        self._client = _client(options, transport, options.timeout_ms)
+        self._where = f"{options.url}/v1/topics/{options.topic}/messages"
         #: Retries performed so far (all batches), reported in the write summary.
         self.retries = 0
 
@@ -79,15 +83,14 @@ class Producer:
         the first attempt was stored but its response was lost: every message has an id, so
         the server answers the retry with ``duplicate: true`` instead of storing it again.
         """
-        body = b'{"messages":[' + b",".join(encoded) + b"]}"
         attempt = 0
         while True:
-            problem, retry_after = self._attempt(body, len(encoded))
+            problem, retry_after = self._attempt(encoded)
             if isinstance(problem, list):
                 return problem
             if attempt >= self._options.max_retries:
                 raise SinkUnavailableError(
-                    f"cproxy sink: produce to {self._options.url}{self._path} failed after "
+                    f"cproxy sink: produce to {self._where} failed after "
                     f"{attempt + 1} attempt(s): {problem}"
                 )
             delay = self._backoff_s(attempt, retry_after)
@@ -103,17 +106,20 @@ class Producer:
             attempt += 1
             self.retries += 1
 
-    def _attempt(self, body: bytes, count: int) -> tuple[list[ProduceResult] | str, float | None]:
+    def _attempt(self, encoded: Sequence[bytes]) -> tuple[list[ProduceResult] | str, float | None]:
         """One call: the results, or a description of a transient failure and Retry-After."""
         try:
-            response = self._client.post(self._path, content=body)
-        except httpx.TransportError as exc:
-            return f"{type(exc).__name__}: {exc}", None
-        if response.status_code == 200:
-            return _parse_results(response, count), None
-        if response.status_code in RETRYABLE_STATUSES:
-            return f"HTTP {response.status_code} {_error_text(response)}", _retry_after(response)
-        raise _rejected(response, self._options)
+            sent = self._client.produce_encoded(self._options.topic, encoded, with_ids=True)
+        except TransportError as exc:
+            return str(exc), None
+        except ApiError as exc:
+            if exc.status not in RETRYABLE_STATUSES:
+                raise _rejected(exc, self._options) from exc
+            retry_after = exc.retry_after_ms / 1000 if exc.retry_after_ms is not None else None
+            return f"HTTP {exc.status} {_error_text(exc)}", retry_after
+        except ProtocolError as exc:
+            raise SinkUnavailableError(f"cproxy sink: unexpected produce response: {exc}") from exc
+        return [ProduceResult(r.qid, r.offset, r.duplicate) for r in sent], None
 
     def _backoff_s(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:
@@ -123,46 +129,12 @@ class Producer:
         return random.uniform(ceiling / 2, ceiling) / 1000
 
 
-def _parse_results(response: httpx.Response, count: int) -> list[ProduceResult]:
-    try:
-        raw = orjson.loads(response.content)["results"]
-        results = [
-            ProduceResult(int(r["qid"]), int(r["offset"]), bool(r["duplicate"])) for r in raw
-        ]
-    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise SinkUnavailableError(
-            f"cproxy sink: unexpected produce response {response.text[:200]!r}"
-        ) from exc
-    if len(results) != count:
-        raise SinkUnavailableError(
-            f"cproxy sink: sent {count} messages but got {len(results)} results"
-        )
-    return results
+def _error_text(exc: ApiError) -> str:
+    return f"{exc.code}: {exc.message}"
 
 
-def _error_text(response: httpx.Response) -> str:
-    try:
-        error = orjson.loads(response.content)["error"]
-        return f"{error['code']}: {error['message']}"
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        return response.text[:200]
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
-
-
-def _rejected(response: httpx.Response, options: SinkOptions) -> ProduceRejectedError:
-    status = response.status_code
-    text = _error_text(response)
-    try:
-        code = str(orjson.loads(response.content)["error"]["code"])
-    except (orjson.JSONDecodeError, KeyError, TypeError):
-        code = ""
+def _rejected(exc: ApiError, options: SinkOptions) -> ProduceRejectedError:
+    status = exc.status
     hint = ""
     if status == 413:
         hint = " (lower batch_size or max_request_bytes to fit the server's limits)"
@@ -171,9 +143,10 @@ def _rejected(response: httpx.Response, options: SinkOptions) -> ProduceRejected
     elif status in (401, 403):
         hint = " (check the token option and its scope)"
     return ProduceRejectedError(
-        f"cproxy sink: produce to topic {options.topic!r} rejected with HTTP {status} {text}{hint}",
+        f"cproxy sink: produce to topic {options.topic!r} rejected with HTTP {status} "
+        f"{_error_text(exc)}{hint}",
         status=status,
-        code=code,
+        code=exc.code,
     )
 
 
@@ -183,38 +156,34 @@ def check_service(options: SinkOptions, transport: httpx.BaseTransport | None = 
     Creates the topic when ``create_topic_queues`` is set. Runs before any Spark task so a
     wrong URL or topic fails in a second with a clear message instead of inside every task.
     """
-    headers = {"Authorization": f"Bearer {options.token}"} if options.token else {}
-    topic_path = f"/v1/topics/{quote(options.topic, safe='')}"
-    timeout = min(options.timeout_ms / 1000, 10.0)
-    with httpx.Client(
-        base_url=options.url, headers=headers, timeout=timeout, transport=transport
-    ) as client:
+    timeout_ms = min(options.timeout_ms, MAX_PREFLIGHT_TIMEOUT_MS)
+    with _client(options, transport, timeout_ms) as client:
         try:
-            response = client.get(topic_path)
-            if response.status_code == 404 and options.create_topic_queues is not None:
-                response = client.post(
-                    "/v1/topics",
-                    json={"name": options.topic, "queues": options.create_topic_queues},
-                )
-        except httpx.TransportError as exc:
+            try:
+                return int(client.get_topic(options.topic).get("queues", 0))
+            except ResourceNotFound:
+                if options.create_topic_queues is None:
+                    raise
+                return client.create_topic(options.topic, options.create_topic_queues).queues
+        except TransportError as exc:
             raise SinkUnavailableError(
-                f"cproxy sink: cannot reach cproxy at {options.url}: {type(exc).__name__}: {exc}"
+                f"cproxy sink: cannot reach cproxy at {options.url}: {exc}"
             ) from exc
-    status = response.status_code
-    if status in (200, 201):
-        return int(response.json().get("queues", 0))
-    if status == 404:
-        raise SinkConfigError(
-            f"cproxy sink: topic {options.topic!r} does not exist at {options.url}; create it "
-            "first (POST /v1/topics) or pass create_topic_queues"
-        )
-    if status == 403:
-        # A producer token may be scoped to produce only; it can still write.
-        log.warning("cannot inspect topic %s (HTTP 403); assuming it exists", options.topic)
-        return 0
-    if status in RETRYABLE_STATUSES:
-        raise SinkUnavailableError(
-            f"cproxy sink: cproxy at {options.url} is unavailable: HTTP {status} "
-            f"{_error_text(response)}"
-        )
-    raise _rejected(response, options)
+        except ResourceNotFound as exc:
+            raise SinkConfigError(
+                f"cproxy sink: topic {options.topic!r} does not exist at {options.url}; create "
+                "it first (POST /v1/topics) or pass create_topic_queues"
+            ) from exc
+        except PermissionDenied:
+            # A producer token may be scoped to produce only; it can still write.
+            log.warning("cannot inspect topic %s (HTTP 403); assuming it exists", options.topic)
+            return 0
+        except ApiError as exc:
+            if exc.status in RETRYABLE_STATUSES:
+                raise SinkUnavailableError(
+                    f"cproxy sink: cproxy at {options.url} is unavailable: HTTP {exc.status} "
+                    f"{_error_text(exc)}"
+                ) from exc
+            raise _rejected(exc, options) from exc
+        except ClientError as exc:  # a malformed answer
+            raise SinkUnavailableError(f"cproxy sink: unexpected answer: {exc}") from exc

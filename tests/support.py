@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import httpx
 import uvicorn
 
+from consumer_sdk import Client
 from cproxy.api.app import create_app
 from cproxy.config import Settings
 
@@ -63,7 +64,12 @@ class RunningServer:
             raise RuntimeError("server failed to start")
 
     def client(self, **kwargs: Any) -> httpx.Client:
+        """A raw HTTP client, for tests that check the wire (or send malformed input)."""
         return httpx.Client(base_url=self.url, timeout=kwargs.pop("timeout", 40), **kwargs)
+
+    def sdk(self, token: str | None = None) -> Client:
+        """The SDK client for this server: what tests should use for ordinary calls."""
+        return Client(self.url, token=token, timeout_ms=40_000)
 
     def stop(self) -> None:
         """Graceful stop (like SIGTERM): progress is persisted."""

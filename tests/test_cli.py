@@ -1,4 +1,5 @@
-"""``cproxy serve`` as a real subprocess: config file, flags, graceful SIGTERM."""
+"""``cproxy serve`` as a real subprocess (config file, flags, graceful SIGTERM), and the client
+commands against real servers."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from consumer_sdk import Client, ClientError, QueueResult, TransportError
+from cproxy import __version__
 from cproxy.cli import main
 from tests.support import RunningServer, wait_until
 
@@ -45,8 +47,9 @@ def serve(data_dir: Path, config: Path, port: int) -> subprocess.Popen[bytes]:
                 f"server exited: {proc.stdout.read().decode() if proc.stdout else ''}"
             )
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
+            with Client(f"http://127.0.0.1:{port}", timeout_ms=1000) as client:
+                return client.ready()
+        except TransportError:
             return False
 
     wait_until(ready, 30, 0.05, "server ready")
@@ -68,20 +71,18 @@ def test_sigterm_persists_progress_and_config_file_declares_topics_and_groups(
     url = f"http://127.0.0.1:{port}"
     proc = serve(tmp_path / "data", config, port)
     try:
-        with httpx.Client(base_url=url, timeout=10) as c:
+        with Client(url) as c:
             msgs = [{"key": f"k{i}", "body": i} for i in range(10)]
-            assert c.post("/v1/topics/rides/messages", json={"messages": msgs}).status_code == 200
-            got: list[dict[str, object]] = []
+            assert len(c.produce("rides", msgs)) == 10
+            got: list[Any] = []
 
             def pulled_all() -> bool:
-                body = {"max_messages": 10, "wait_ms": 500}
-                got.extend(c.post("/v1/groups/billing/pull", json=body).json()["messages"])
+                got.extend(c.pull("billing", max_messages=10, wait_ms=500).messages)
                 return len(got) == 10
 
             wait_until(pulled_all, 10, 0, "all 10 messages")
-            results = [{"topic": "rides", "qid": m["qid"], "acks": [m["offset"]]} for m in got]
-            r = c.post("/v1/groups/billing/ack", json={"results": results})
-            assert r.json()["applied"] == 10
+            results = [QueueResult("rides", m.qid, acks=(m.offset,)) for m in got]
+            assert c.ack("billing", results).applied == 10
         proc.send_signal(signal.SIGTERM)
         # uvicorn re-raises the captured SIGTERM after its graceful shutdown.
         assert proc.wait(20) in (0, -signal.SIGTERM)
@@ -90,12 +91,10 @@ def test_sigterm_persists_progress_and_config_file_declares_topics_and_groups(
             proc.kill()
     proc = serve(tmp_path / "data", config, port)
     try:
-        with httpx.Client(base_url=url, timeout=10) as c:
-            again = c.post(
-                "/v1/groups/billing/pull", json={"max_messages": 10, "wait_ms": 300}
-            ).json()["messages"]
-            assert again == []
-            stats = c.get("/v1/groups/billing").json()["stats"]
+        with Client(url) as c:
+            again = c.pull("billing", max_messages=10, wait_ms=300).messages
+            assert again == ()
+            stats = c.get_group("billing")["stats"]
             assert sum(q["committed_offset"] for q in stats["queues"]) == 10
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -129,8 +128,8 @@ def test_client_commands_against_a_real_server(
     assert run("topics")["topics"] == [{"name": "rides", "queues": 2}]
     produced = run("produce", "rides", '{"event": "call"}', "--key", "ride-7", "--id", "e1")
     assert produced["results"][0]["duplicate"] is False
-    with server.client() as c:
-        c.put("/v1/groups/billing", json={"topics": {"rides": {"order_by": "key"}}})
+    with Client(server.url) as c:
+        c.put_group("billing", {"topics": {"rides": {"order_by": "key"}}})
     assert run("groups")["groups"] == [{"name": "billing", "topics": ["rides"]}]
     tailed = run("tail", "billing", "--count", "1")  # one JSON line per message
     assert tailed["body"] == {"event": "call"} and tailed["key"] == "ride-7"
@@ -138,3 +137,160 @@ def test_client_commands_against_a_real_server(
     assert shown["stats"]["in_flight"] == 0  # tail acked what it printed
     with pytest.raises(SystemExit, match="topic_not_found"):
         main(["produce", "--url", server.url, "nope", "{}"])
+
+
+# -- the operator commands (issue 14) -------------------------------------------------------------
+def cli(server: RunningServer, capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    """Run ``cproxy ARGS --url <server>``; the JSON it printed (a list for JSON lines)."""
+    main([*args, "--url", server.url])
+    out = capsys.readouterr().out
+    if out.startswith("{\n") or not out.strip():
+        return json.loads(out) if out.strip() else None
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def test_tail_count_is_a_real_limit_and_peek_does_not_ack(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t")
+    cli(server, capsys, "groups", "create", "g", "--topic", "t=none")
+    for i in range(5):
+        cli(server, capsys, "produce", "t", json.dumps({"n": i}))
+    with Client(server.url) as c:
+        wait_until(lambda: c.get_group("g")["stats"]["ready"] == 5, message="5 ready")
+        [one] = cli(server, capsys, "tail", "g", "--count", "1")
+        assert one["body"] == {"n": 0}
+        stats = c.get_group("g")["stats"]
+        assert (stats["in_flight"], stats["ready"]) == (0, 4)  # one taken, and acked
+        peeked = cli(server, capsys, "peek", "g", "--count", "2")
+        assert [m["body"] for m in peeked] == [{"n": 1}, {"n": 2}]
+        assert c.get_group("g")["stats"]["in_flight"] == 2  # printed, not acked
+        rest = cli(server, capsys, "tail", "g", "--count", "2", "--no-ack")
+        assert [m["body"] for m in rest] == [{"n": 3}, {"n": 4}]
+        assert c.get_group("g")["stats"]["in_flight"] == 4
+
+
+def test_groups_create_seek_delete(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t", "--queues", "2")
+    created = cli(
+        server, capsys, "groups", "create", "g", "--topic", "t", "--max-attempts", "3",
+        "--retry-backoff-ms", "10,20", "--start", "latest",
+    )  # fmt: skip
+    assert created["topics"]["t"]["order_by"] == "key"  # the --order-by default
+    assert (created["max_attempts"], created["retry_backoff_ms"]) == (3, [10, 20])
+    assert cli(server, capsys, "groups", "show", "g")["max_attempts"] == 3
+    for i in range(4):
+        cli(server, capsys, "produce", "t", str(i), "--qid", str(i % 2))
+    sought = cli(server, capsys, "groups", "seek", "g", "--topic", "t", "--to", "latest")
+    assert sought["offsets"] == [{"qid": 0, "offset": 2}, {"qid": 1, "offset": 2}]
+    sought = cli(server, capsys, "groups", "seek", "g", "--topic", "t", "--to", "1", "--qid", "0")
+    assert sought["offsets"] == [{"qid": 0, "offset": 1}]
+    assert [m["body"] for m in cli(server, capsys, "tail", "g", "--count", "1")] == [2]
+    assert cli(server, capsys, "groups", "delete", "g") == {"deleted": "g"}
+    assert cli(server, capsys, "groups", "list")["groups"] == []
+
+
+def test_blocked_keys_skip_release_and_dead_letters(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t")
+    cli(server, capsys, "groups", "create", "g", "--topic", "t", "--max-attempts", "2",
+        "--retry-backoff-ms", "60000")  # fmt: skip
+    with Client(server.url) as c:
+        c.produce("t", [{"key": "a", "body": "a0"}, {"key": "b", "body": "b0"}])
+        got: list[Any] = []
+        wait_until(lambda: got.extend(c.pull("g", wait_ms=200).messages) or len(got) == 2)
+        fails = tuple((m.offset, "boom") for m in got)
+        c.ack("g", [QueueResult("t", 0, fails=fails)])  # both keys now retrying: blocked
+    blocked = cli(server, capsys, "blocked", "list", "g")["blocked_keys"]
+    assert sorted(b["order_value"] for b in blocked) == ["a", "b"]
+    released = cli(server, capsys, "blocked", "release", "g", "--topic", "t", "--order-value", "a")
+    b_offset = next(m.offset for m in got if m.key == "b")
+    skipped = cli(server, capsys, "blocked", "skip", "g", "--topic", "t", "--qid", "0",
+                  "--offset", str(b_offset))  # fmt: skip
+    assert released["released"]["offset"] != skipped["skipped"]["offset"] == b_offset
+    assert cli(server, capsys, "blocked", "list", "g")["blocked_keys"] == []
+    [dead] = cli(server, capsys, "dead-letters", "list", "g")["dead_letters"]
+    assert (dead["key"], dead["body"]) == ("b", "b0")
+    assert cli(server, capsys, "dead-letters", "redrive", "g") == {"redriven": 1}
+    again = cli(server, capsys, "tail", "g", "--count", "2")
+    assert sorted(m["body"] for m in again) == ["a0", "b0"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["topics", "show"], "the topic name is required"),
+        (["topics", "create"], "the topic name is required"),
+        (["groups", "create", "g"], "at least one --topic"),
+        (["groups", "seek", "g", "--topic", "t"], "one of --to or --timestamp-ms"),
+        (["blocked", "skip", "g", "--topic", "t"], "--order-value, or --qid and --offset"),
+        (["produce", "t", "{not json"], "body is not valid JSON"),
+        (["tail", "g", "--count", "0"], "must be >= 1"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(
+    args: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No server needed: these fail before any call.
+    with pytest.raises(SystemExit) as info:
+        main([*args, "--url", "http://127.0.0.1:9"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err and "None" not in err
+
+
+def test_errors_print_in_one_format(server: RunningServer) -> None:
+    with pytest.raises(SystemExit, match=r"^cproxy: error: 404 group_not_found: "):
+        main(["groups", "show", "nope", "--url", server.url])
+    with pytest.raises(SystemExit, match=r"^cproxy: error: GET http://127.0.0.1:9/v1/topics: "):
+        main(["topics", "--url", "http://127.0.0.1:9"])
+
+
+def test_version_and_help_show_defaults(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"cproxy {__version__}"
+    with pytest.raises(SystemExit):
+        main(["tail", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # help wraps lines
+    assert "(default: 5000)" in text and "(default: http://127.0.0.1:9713)" in text
+    assert "``" not in text
+    with pytest.raises(SystemExit):
+        main(["topics", "--help"])
+    assert "(default: 1)" in capsys.readouterr().out  # --queues
+
+
+def test_ctrl_c_on_tail_prints_one_line_and_exits_130(server: RunningServer) -> None:
+    with Client(server.url) as c:
+        c.create_topic("t", 1)
+        c.put_group("g", {"topics": {"t": {"order_by": "none"}}})
+        c.produce("t", [{"body": 1}])
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cproxy.cli", "tail", "g", "--url", server.url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # blocks until tail printed the message
+            assert json.loads(line)["body"] == 1
+            # Its ack rides on the next pull, which then long-polls: Ctrl-C lands in a pull.
+            wait_until(lambda: c.get_group("g")["stats"]["in_flight"] == 0, message="acked")
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert proc.returncode == 130
+        assert err == "cproxy: interrupted\n"
+
+
+def test_client_errors_reach_the_cli_as_sdk_errors() -> None:
+    # The CLI's error path relies on every failure of a call being a ClientError.
+    with pytest.raises(SystemExit) as info:
+        main(["topics", "--url", "http://127.0.0.1:9", "--timeout-ms", "500"])
+    assert isinstance(info.value.__cause__, ClientError)

@@ -17,7 +17,8 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-import httpx
+
+from consumer_sdk import NO_RETRY, AsyncClient, QueueResult
 
 Ref = tuple[str, int, int]
 
@@ -43,46 +44,50 @@ async def consume(
     seed: int = 0,
     max_messages: int = 20,
 ) -> None:
-    """Pull until ``stop`` is set; fail at ``fail_rate`` while attempts remain, else ack."""
+    """Pull until ``stop`` is set; fail at ``fail_rate`` while attempts remain, else ack.
+
+    Pulls through the SDK's ``AsyncClient`` with no retries, so any failed call fails the test.
+    ``value_of`` gets each message in its JSON shape.
+    """
     rng = random.Random(seed)
-    results: list[dict[str, Any]] = []
+    results: list[QueueResult] = []
     sent: list[tuple[Ref, bool]] = []
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+    async with AsyncClient(url, timeout_ms=30_000, retry=NO_RETRY) as client:
         while True:
             if stop.is_set() and not results:
                 return
             t_send = time.monotonic()
-            response = await client.post(
-                f"/v1/groups/{group}/pull",
-                json={"max_messages": max_messages, "wait_ms": 200, "results": results},
+            answer = await client.pull(
+                group, max_messages=max_messages, wait_ms=200, results=results
             )
             t_recv = time.monotonic()
-            assert response.status_code == 200, response.text
-            data = response.json()
-            unknown = {(u["topic"], u["qid"], u["offset"]) for u in data["results"]["unknown"]}
+            unknown = set(answer.results.unknown)
             for ref, is_ack in sent:
                 if is_ack and ref not in unknown:
                     log.acked_at[ref] = t_send
             results, sent = [], []
             seen_values: set[str] = set()
-            grouped: dict[tuple[str, int], dict[str, list[Any]]] = {}
-            for m in data["messages"]:
-                ref = (m["topic"], m["qid"], m["offset"])
-                value = value_of(m)
+            grouped: dict[tuple[str, int], tuple[list[int], list[tuple[int, str | None]]]] = {}
+            for m in answer.messages:
+                ref = m.ref
+                value = value_of(m.to_dict())
                 log.values[ref] = value
-                log.deliveries[ref].append((t_recv, m["attempt"]))
+                log.deliveries[ref].append((t_recv, m.attempt))
                 if value is not None:
                     if value in seen_values:
                         log.batches_with_repeated_values += 1
                     seen_values.add(value)
-                slot = grouped.setdefault((m["topic"], m["qid"]), {"acks": [], "fails": []})
-                if m["attempt"] < max_attempts and rng.random() < fail_rate:
-                    slot["fails"].append({"offset": m["offset"], "error": "random failure"})
+                acks, fails = grouped.setdefault((m.topic, m.qid), ([], []))
+                if m.attempt < max_attempts and rng.random() < fail_rate:
+                    fails.append((m.offset, "random failure"))
                     sent.append((ref, False))
                 else:
-                    slot["acks"].append(m["offset"])
+                    acks.append(m.offset)
                     sent.append((ref, True))
-            results = [{"topic": t, "qid": q, **r} for (t, q), r in grouped.items()]
+            results = [
+                QueueResult(t, q, acks=tuple(acks), fails=tuple(fails))
+                for (t, q), (acks, fails) in grouped.items()
+            ]
             await anyio.lowlevel.checkpoint()
 
 

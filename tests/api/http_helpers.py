@@ -1,4 +1,9 @@
-"""Small helpers for the HTTP API tests: error-body checks, setup calls and a pull loop."""
+"""Small helpers for the HTTP API tests: error-body checks, setup calls and a pull loop.
+
+Setup calls go through the SDK client (``consumer_sdk.Client``), the one client of the API;
+tests pass the ``httpx.Client`` they also use for raw requests, and :func:`sdk_for` derives an
+SDK client with the same base URL and token from it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from typing import Any
 
 import httpx
 import pytest
 
+from consumer_sdk import Client
 from tests.support import RunningServer, make_settings
 
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(?:_[a-z0-9]+)*$")
@@ -78,25 +85,32 @@ def assert_error(
     return error
 
 
+def sdk_for(client: httpx.Client) -> Client:
+    """An SDK client for the same server and token as ``client`` (read at call time, so a
+    token added to ``client.headers`` later is used too). Close it after use."""
+    auth = client.headers.get("authorization", "")
+    token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+    return Client(str(client.base_url), token=token, timeout_ms=40_000)
+
+
 def create_topic(client: httpx.Client, name: str, queues: int = 1) -> None:
-    response = client.post("/v1/topics", json={"name": name, "queues": queues})
-    assert response.status_code in (200, 201), response.text
+    with sdk_for(client) as sdk:
+        sdk.create_topic(name, queues)
 
 
 def produce(
     client: httpx.Client, topic: str, messages: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
-    response = client.post(f"/v1/topics/{topic}/messages", json={"messages": messages})
-    assert response.status_code == 200, response.text
-    results: list[dict[str, Any]] = response.json()["results"]
+    """Produce ``messages``; the results as the JSON dicts ``{"qid", "offset", "duplicate"}``."""
+    with sdk_for(client) as sdk:
+        results = sdk.produce(topic, messages)
     assert len(results) == len(messages)
-    return results
+    return [asdict(r) for r in results]
 
 
 def queue_stats(client: httpx.Client, topic: str) -> list[dict[str, Any]]:
-    response = client.get(f"/v1/topics/{topic}")
-    assert response.status_code == 200, response.text
-    stats: list[dict[str, Any]] = response.json()["queue_stats"]
+    with sdk_for(client) as sdk:
+        stats: list[dict[str, Any]] = sdk.get_topic(topic)["queue_stats"]
     return stats
 
 
@@ -104,16 +118,13 @@ def put_group(
     client: httpx.Client, group: str, topics: dict[str, str], **settings: Any
 ) -> dict[str, Any]:
     body = {"topics": {t: {"order_by": o} for t, o in topics.items()}, **settings}
-    response = client.put(f"/v1/groups/{group}", json=body)
-    assert response.status_code == 200, response.text
-    config: dict[str, Any] = response.json()
-    return config
+    with sdk_for(client) as sdk:
+        return sdk.put_group(group, body)
 
 
 def group_stats(client: httpx.Client, group: str) -> dict[str, Any]:
-    response = client.get(f"/v1/groups/{group}")
-    assert response.status_code == 200, response.text
-    stats: dict[str, Any] = response.json()["stats"]
+    with sdk_for(client) as sdk:
+        stats: dict[str, Any] = sdk.get_group(group)["stats"]
     return stats
 
 
@@ -131,6 +142,8 @@ def pull_all(
     """Pull (acking everything received on the next call) until ``count`` messages arrived.
 
     Returns the messages in the order they were handed out; fails after ``timeout_s``.
+    Deliberately raw HTTP: it returns each message exactly as the wire carried it, because
+    the API tests assert the wire shape (the SDK would fill in defaults for missing fields).
     """
     got: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []

@@ -8,13 +8,13 @@ import pytest
 from consumer_sdk import (
     AsyncProducer,
     Client,
+    ClientError,
     ConnectError,
     ConsumerConfig,
-    CproxyError,
-    NotFound,
     Producer,
     QueueResult,
     RequestTimeout,
+    ResourceNotFound,
     RetryPolicy,
     SendResult,
     ServerError,
@@ -68,9 +68,9 @@ def test_send_batch_rejects_misspelt_fields_before_sending(fake: FakeServer) -> 
 
 
 def test_error_answer_becomes_typed_api_error(fake: FakeServer) -> None:
-    with producer(fake) as p, pytest.raises(NotFound) as info:
+    with producer(fake) as p, pytest.raises(ResourceNotFound) as info:
         p.send("nope", {})
-    assert isinstance(info.value, CproxyError)
+    assert isinstance(info.value, ClientError)
     assert (info.value.status, info.value.code) == (404, "topic_not_found")
     assert "nope" in info.value.message
 

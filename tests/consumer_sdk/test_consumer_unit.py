@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from consumer_sdk import Consumer, ConsumerError, Message, NotFound, RetryPolicy
+from consumer_sdk import Consumer, ConsumerError, Message, ResourceNotFound, RetryPolicy
 
 from .fake import FakeServer, multi_transport, wait_for
 
@@ -181,7 +181,7 @@ def test_unknown_group_fails_start() -> None:
     c = Consumer(
         fake.url, group="missing", handler=print, transport=fake.transport(), handle_signals=False
     )
-    with pytest.raises(NotFound) as info:
+    with pytest.raises(ResourceNotFound) as info:
         c.start()
     assert info.value.code == "group_not_found"
     assert not c.running
@@ -191,7 +191,7 @@ def test_group_vanishing_stops_run_with_the_error() -> None:
     fake = make_fake()
     fake.fail_next[("POST", "/pull")] = [404]
     c = consumer(fake, print)
-    with pytest.raises(NotFound):
+    with pytest.raises(ResourceNotFound):
         c.run()
 
 

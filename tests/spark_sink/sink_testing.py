@@ -11,6 +11,8 @@ from typing import Any
 import httpx
 import orjson
 
+from consumer_sdk import Client, Message, QueueResult
+
 
 @dataclass
 class Stored:
@@ -81,7 +83,8 @@ def _error(status: int) -> httpx.Response:
 
 
 class ServerIO:
-    """Small helpers over the HTTP API of a real server, for the Spark tests."""
+    """Small helpers over the HTTP API of a real server (through the SDK client), for the
+    Spark tests."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -89,15 +92,15 @@ class ServerIO:
     def new_topic(self, queues: int = 4) -> str:
         """A topic with a unique name, so tests never see each other's messages."""
         name = f"spark-{uuid.uuid4().hex[:12]}"
-        httpx.post(
-            f"{self.url}/v1/topics", json={"name": name, "queues": queues}, timeout=10.0
-        ).raise_for_status()
+        with Client(self.url) as client:
+            client.create_topic(name, queues)
         return name
 
     def total(self, topic: str) -> int:
         """Messages stored in ``topic`` according to its queue stats."""
-        response = httpx.get(f"{self.url}/v1/topics/{topic}", timeout=10.0).raise_for_status()
-        return sum(q["next_offset"] - q["min_offset"] for q in response.json()["queue_stats"])
+        with Client(self.url) as client:
+            stats = client.get_topic(topic)["queue_stats"]
+        return sum(q["next_offset"] - q["min_offset"] for q in stats)
 
     def read(self, topic: str, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Every stored message of ``topic`` sorted by (qid, offset), via a fresh group.
@@ -107,26 +110,21 @@ class ServerIO:
         """
         expected = self.total(topic)
         group = f"reader-{uuid.uuid4().hex[:12]}"
-        seen: dict[tuple[int, int], dict[str, Any]] = {}
-        with httpx.Client(base_url=self.url, timeout=10.0) as client:
-            client.put(
-                f"/v1/groups/{group}", json={"topics": {topic: {"order_by": "none"}}}
-            ).raise_for_status()
-            acks: list[dict[str, Any]] = []
+        seen: dict[tuple[int, int], Message] = {}
+        with Client(self.url) as client:
+            client.put_group(group, {"topics": {topic: {"order_by": "none"}}})
+            acks: list[QueueResult] = []
             deadline = time.monotonic() + timeout_s
             while len(seen) < expected:
                 assert time.monotonic() < deadline, f"read {len(seen)} of {expected} messages"
-                response = client.post(
-                    f"/v1/groups/{group}/pull",
-                    json={"max_messages": 500, "wait_ms": 200, "results": acks},
-                ).raise_for_status()
+                pulled = client.pull(group, max_messages=500, wait_ms=200, results=acks)
                 by_queue: dict[int, list[int]] = {}
-                for message in response.json()["messages"]:
-                    seen[(message["qid"], message["offset"])] = message
-                    by_queue.setdefault(message["qid"], []).append(message["offset"])
-                acks = [{"topic": topic, "qid": q, "acks": o} for q, o in by_queue.items()]
-            client.delete(f"/v1/groups/{group}")
-        return [seen[ref] for ref in sorted(seen)]
+                for message in pulled.messages:
+                    seen[(message.qid, message.offset)] = message
+                    by_queue.setdefault(message.qid, []).append(message.offset)
+                acks = [QueueResult(topic, q, acks=tuple(o)) for q, o in by_queue.items()]
+            client.delete_group(group)
+        return [seen[ref].to_dict() for ref in sorted(seen)]
 
     def bodies_by_key(self, topic: str) -> dict[str | None, list[Any]]:
         """Bodies per key in stored order (a key lives in one queue, so offsets order it)."""

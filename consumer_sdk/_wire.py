@@ -1,0 +1,154 @@
+"""The wire side of the contract (DESIGN §4): request bodies out, typed answers in.
+
+Pure functions used by :mod:`consumer_sdk._base`; every malformed answer becomes a
+:class:`~consumer_sdk.ProtocolError` here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, Final
+from urllib.parse import quote
+
+import httpx
+
+from consumer_sdk.errors import ApiError, ProtocolError, api_error_class
+from consumer_sdk.models import (
+    AckResult,
+    ExtendResult,
+    GroupInfo,
+    MessageRef,
+    OutgoingMessage,
+    QueueResult,
+    SendResult,
+    TopicInfo,
+)
+
+_OUTGOING_KEYS: Final = frozenset(
+    {"key", "body", "headers", "id", "qid", "delay_ms", "deliver_at_ms"}
+)
+
+
+def mapping(data: Any) -> dict[str, Any]:
+    """An answer that is a JSON object (or empty), as a dict."""
+    return dict(as_object(data)) if data is not None else {}
+
+
+def outgoing_to_wire(message: OutgoingMessage) -> dict[str, Any]:
+    """Check one message mapping for :meth:`Producer.send_batch` and return its wire form."""
+    extra = set(message) - _OUTGOING_KEYS
+    if extra:
+        raise ValueError(
+            f"unknown message field(s) {sorted(extra)}; allowed: {sorted(_OUTGOING_KEYS)}"
+        )
+    if "body" not in message:
+        raise ValueError("every message needs a 'body' (any JSON value)")
+    return {k: v for k, v in message.items() if v is not None or k == "body"}
+
+
+def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
+    """Results in the pull/ack shape; fails in the extended form that carries the error."""
+    out: list[dict[str, Any]] = []
+    for r in results:
+        fails: list[dict[str, Any]] = []
+        for offset, error in r.fails:
+            fail: dict[str, Any] = {"offset": offset}
+            if error is not None:
+                fail["error"] = error
+            fails.append(fail)
+        out.append({"topic": r.topic, "qid": r.qid, "acks": list(r.acks), "fails": fails})
+    return out
+
+
+def api_error(response: httpx.Response, code: str, message: str) -> ApiError:
+    return api_error_class(response.status_code)(
+        response.status_code,
+        code,
+        message,
+        retry_after_ms=_retry_after_ms(response.headers.get("retry-after")),
+    )
+
+
+def _retry_after_ms(value: str | None) -> int | None:
+    """``Retry-After`` in seconds as milliseconds; None when absent or an HTTP date."""
+    try:
+        return max(0, round(float(value) * 1000)) if value is not None else None
+    except ValueError:
+        return None
+
+
+def parse_topic(data: Any) -> TopicInfo:
+    obj = as_object(data)
+    try:
+        return TopicInfo(name=str(obj["name"]), queues=int(obj["queues"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed topic in answer: {exc!r}") from exc
+
+
+def parse_group(data: Any) -> GroupInfo:
+    obj = as_object(data)
+    try:
+        return GroupInfo(name=str(obj["name"]), topics=tuple(str(t) for t in obj["topics"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed group in answer: {exc!r}") from exc
+
+
+def parse_send(data: Any, expected: int) -> list[SendResult]:
+    rows = as_object(data).get("results")
+    if not isinstance(rows, list) or len(rows) != expected:
+        got = len(rows) if isinstance(rows, list) else repr(rows)
+        raise ProtocolError(f"sent {expected} messages but got {got} results")
+    try:
+        return [
+            SendResult(qid=int(r["qid"]), offset=int(r["offset"]), duplicate=bool(r["duplicate"]))
+            for r in rows
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed produce result: {exc!r}") from exc
+
+
+def parse_ref(data: Any) -> MessageRef:
+    obj = as_object(data)
+    try:
+        return (str(obj["topic"]), int(obj["qid"]), int(obj["offset"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed message reference in answer: {exc!r}") from exc
+
+
+def parse_ack(data: Any) -> AckResult:
+    if data is None:
+        return AckResult()
+    obj = as_object(data)
+    try:
+        unknown = tuple(
+            (str(u["topic"]), int(u["qid"]), int(u["offset"])) for u in obj.get("unknown") or ()
+        )
+        return AckResult(applied=int(obj.get("applied", 0)), unknown=unknown)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ProtocolError(f"malformed results in answer: {exc!r}") from exc
+
+
+def parse_extend(data: Any) -> ExtendResult:
+    ack = parse_ack(data)
+    return ExtendResult(applied=ack.applied, unknown=ack.unknown)
+
+
+def list_field(data: Any, field: str) -> list[Any]:
+    rows = as_object(data).get(field, [])
+    if not isinstance(rows, list):
+        raise ProtocolError(f"expected a list in {field!r}, got {type(rows).__name__}")
+    return rows
+
+
+def query_params(**values: str | int | None) -> dict[str, str]:
+    return {k: str(v) for k, v in values.items() if v is not None}
+
+
+def as_object(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def seg(name: str) -> str:
+    return quote(name, safe="")

@@ -1,0 +1,54 @@
+"""``cproxy serve | topics | groups | produce | tail | peek | dead-letters | blocked``.
+
+``serve`` runs the service; the other commands are a client of a running server, built on the
+SDK's :class:`consumer_sdk.Client` (``--url``, default http://127.0.0.1:9713; ``--token`` or
+``CPROXY_TOKEN`` for auth). ``main`` is the ``cproxy`` entry point, and ``python -m
+cproxy.cli`` runs it too.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from consumer_sdk import ClientError
+from cproxy.cli.commands import COMMANDS, CommandError, client_for
+from cproxy.cli.parser import build_parser
+from cproxy.cli.serve import serve
+from cproxy.config import load_settings
+from cproxy.errors import CproxyError
+
+__all__ = ["build_parser", "main", "serve"]
+
+#: Exit status after Ctrl-C, as a shell reports a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one ``cproxy`` command; exits with status 1 on an error, 2 on a usage error."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        try:
+            settings = load_settings(
+                args.config,
+                host=args.host,
+                port=args.port,
+                data_dir=args.data_dir,
+                log_level=args.log_level,
+                log_format=args.log_format,
+            )
+        except CproxyError as exc:
+            raise SystemExit(f"cproxy: error: {exc.message}") from exc
+        serve(settings)
+        return
+    command = COMMANDS[args.command]
+    try:
+        with client_for(args) as client:
+            command(args, client)
+    except CommandError as exc:
+        parser.exit(2, f"cproxy {args.command}: error: {exc}\n")
+    except ClientError as exc:
+        raise SystemExit(f"cproxy: error: {exc}") from exc
+    except KeyboardInterrupt:
+        sys.stderr.write("cproxy: interrupted\n")
+        raise SystemExit(EXIT_INTERRUPTED) from None

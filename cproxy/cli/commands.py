@@ -1,0 +1,227 @@
+"""The client commands of ``cproxy``: each one call (or a pull loop) through the SDK client.
+
+Every command prints JSON on stdout. Errors are raised as :class:`CommandError` (a usage
+problem the parser could not see) or as the SDK's :class:`~consumer_sdk.ClientError`;
+``cproxy.cli.main`` prints both in one format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable
+from dataclasses import asdict
+from typing import Any
+
+from consumer_sdk import NO_RETRY, Client, ClientError, Message, QueueResult
+
+
+class CommandError(Exception):
+    """Arguments that parse but do not make a valid command (e.g. ``topics show`` without
+    a name); printed as a usage error."""
+
+
+def _print(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def _need(value: Any, what: str) -> Any:
+    if value is None:
+        raise CommandError(f"{what} is required")
+    return value
+
+
+def _json_arg(text: str, what: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CommandError(f"{what} is not valid JSON: {exc}") from exc
+
+
+def client_for(args: argparse.Namespace) -> Client:
+    """An SDK client for ``--url``/``--token`` (or ``$CPROXY_TOKEN``)."""
+    token = args.token or os.environ.get("CPROXY_TOKEN")
+    return Client(args.url, token=token, timeout_ms=args.timeout_ms)
+
+
+# -- topics -------------------------------------------------------------------------------------
+def topics(args: argparse.Namespace, client: Client) -> None:
+    if args.action == "list":
+        _print({"topics": [asdict(t) for t in client.list_topics()]})
+        return
+    name = _need(args.name, f"'topics {args.action}': the topic name")
+    if args.action == "create":
+        _print(asdict(client.create_topic(name, args.queues)))
+    else:
+        _print(client.get_topic(name))
+
+
+def produce(args: argparse.Namespace, client: Client) -> None:
+    headers = {}
+    for item in args.header:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CommandError(f"--header wants NAME=VALUE, got {item!r}")
+        headers[name] = value
+    message = {
+        "body": _json_arg(args.body, "body"),
+        "key": args.key,
+        "id": args.id,
+        "qid": args.qid,
+        "headers": headers or None,
+    }
+    _print({"results": [asdict(r) for r in client.produce(args.topic, [message])]})
+
+
+# -- groups -------------------------------------------------------------------------------------
+GROUP_ACTIONS = ("list", "show", "create", "delete", "seek")
+
+
+def groups(args: argparse.Namespace, client: Client) -> None:
+    action, name = args.action, args.name
+    if action not in GROUP_ACTIONS:  # 'cproxy groups NAME': show it (the original form)
+        if name is not None:
+            raise CommandError(f"unknown groups action {action!r}; use {', '.join(GROUP_ACTIONS)}")
+        action, name = "show", action
+    if action == "list":
+        _print({"groups": [asdict(g) for g in client.list_groups()]})
+        return
+    name = _need(name, f"'groups {action}': the group name")
+    if action == "show":
+        _print(client.get_group(name))
+    elif action == "create":
+        _print(client.put_group(name, _group_config(args)))
+    elif action == "delete":
+        client.delete_group(name)
+        _print({"deleted": name})
+    else:
+        _print(client.seek(name, _one_topic(args), _seek_target(args), args.qid))
+
+
+def _group_config(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.topic:
+        raise CommandError("'groups create' needs at least one --topic TOPIC[=ORDER_BY]")
+    topic_map: dict[str, dict[str, Any]] = {}
+    for item in args.topic:
+        topic, _, order_by = item.partition("=")
+        topic_map[topic] = {"order_by": order_by or args.order_by}
+    config: dict[str, Any] = {"topics": topic_map}
+    if args.retry_backoff_ms is not None:
+        try:
+            config["retry_backoff_ms"] = [int(v) for v in args.retry_backoff_ms.split(",")]
+        except ValueError:
+            raise CommandError("--retry-backoff-ms wants integers like 1000,5000") from None
+    for field in ("max_attempts", "ack_timeout_ms", "start", "on_exhausted", "max_buffered"):
+        value = getattr(args, field)
+        if value is not None:
+            config[field] = value
+    return config
+
+
+def _one_topic(args: argparse.Namespace) -> str:
+    if len(args.topic) != 1:
+        raise CommandError("'groups seek' needs exactly one --topic")
+    topic: str = args.topic[0]
+    return topic
+
+
+def _seek_target(args: argparse.Namespace) -> str | int | dict[str, int]:
+    if (args.to is None) == (args.timestamp_ms is None):
+        raise CommandError("'groups seek' needs one of --to or --timestamp-ms")
+    if args.timestamp_ms is not None:
+        return {"timestamp_ms": args.timestamp_ms}
+    if args.to in ("earliest", "latest"):
+        return str(args.to)
+    try:
+        offset = int(args.to)
+    except ValueError:
+        raise CommandError(f"--to wants earliest, latest or an offset, got {args.to!r}") from None
+    if offset < 0:
+        raise CommandError("--to: an offset is >= 0")
+    return offset
+
+
+# -- operations ---------------------------------------------------------------------------------
+def dead_letters(args: argparse.Namespace, client: Client) -> None:
+    if args.action == "list":
+        rows = client.dead_letters(args.group, topic=args.topic, limit=args.limit)
+        _print({"dead_letters": rows})
+    else:
+        _print({"redriven": client.redrive(args.group, args.topic)})
+
+
+def blocked(args: argparse.Namespace, client: Client) -> None:
+    if args.action == "list":
+        _print({"blocked_keys": client.blocked_keys(args.group, topic=args.topic)})
+        return
+    topic = _need(args.topic, f"'blocked {args.action}': --topic")
+    if args.order_value is None and (args.qid is None or args.offset is None):
+        raise CommandError(f"'blocked {args.action}' needs --order-value, or --qid and --offset")
+    act = client.skip if args.action == "skip" else client.release
+    head = args.order_value if args.order_value is not None else (args.qid, args.offset)
+    topic_, qid, offset = act(args.group, topic, head)
+    word = "skipped" if args.action == "skip" else "released"
+    _print({word: {"topic": topic_, "qid": qid, "offset": offset}})
+
+
+# -- tail / peek --------------------------------------------------------------------------------
+#: Most messages one pull of ``tail`` asks for.
+TAIL_BATCH = 100
+
+
+def _acks(messages: Iterable[Message]) -> list[QueueResult]:
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for m in messages:
+        by_queue.setdefault((m.topic, m.qid), []).append(m.offset)
+    return [QueueResult(t, q, acks=tuple(offsets)) for (t, q), offsets in by_queue.items()]
+
+
+def tail(args: argparse.Namespace, client: Client) -> None:
+    """Pull and print until ``--count`` messages were printed (or forever).
+
+    Never asks for more than the messages still wanted, so ``--count 1`` takes (and acks) one.
+    A message is acked only once printed; acks ride on the next pull, and the last ones (or
+    those pending on Ctrl-C) go in one ack call.
+    """
+    printed = 0
+    shown: list[Message] = []
+    try:
+        while args.count is None or printed < args.count:
+            wanted = TAIL_BATCH if args.count is None else min(TAIL_BATCH, args.count - printed)
+            answer = client.pull(
+                args.group,
+                max_messages=wanted,
+                wait_ms=args.wait_ms,
+                topics=args.topic,
+                results=_acks(shown),
+            )
+            shown = []
+            for message in answer.messages:
+                sys.stdout.write(json.dumps(message.to_dict()) + "\n")
+                sys.stdout.flush()
+                printed += 1
+                if not args.no_ack:
+                    shown.append(message)
+    finally:
+        if shown:
+            _flush_acks(client, args.group, _acks(shown))
+
+
+def _flush_acks(client: Client, group: str, pending: list[QueueResult]) -> None:
+    try:
+        client.ack(group, pending, retry=NO_RETRY)
+    except ClientError as exc:
+        # Not fatal: unacked messages are delivered again after the group's ack timeout.
+        sys.stderr.write(f"cproxy: warning: could not ack printed messages: {exc}\n")
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
+    "topics": topics,
+    "groups": groups,
+    "produce": produce,
+    "tail": tail,
+    "dead-letters": dead_letters,
+    "blocked": blocked,
+}

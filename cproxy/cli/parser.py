@@ -1,0 +1,241 @@
+"""The ``cproxy`` command line: every command, flag, default and help text in one place."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import TypeAlias
+
+from cproxy import __version__
+
+DEFAULT_URL = "http://127.0.0.1:9713"
+#: What ``add_subparsers()`` returns.
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+DESCRIPTION = """\
+cproxy: ordered delivery per key without head-of-line blocking.
+
+'cproxy serve' runs the service. The other commands are a client of a running server:
+--url (default $CPROXY_URL or http://127.0.0.1:9713) and --token (default $CPROXY_TOKEN).
+Results print as JSON (tail/peek: one JSON object per line); errors print one line,
+'cproxy: error: ...', and exit with status 1 (2 for a usage error, 130 on Ctrl-C).
+"""
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written, and '(default: X)' after every flag with a default value
+    (flags without one say in their help what happens when they are left out)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if default in (None, [], False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: {default})"
+
+
+def _int_at_least(low: int) -> type[int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse  # type: ignore[return-value]
+
+
+def _client_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=os.environ.get("CPROXY_URL", DEFAULT_URL),
+        help="base URL of the server ($CPROXY_URL)",
+    )
+    p.add_argument(
+        "--token",
+        default=None,
+        help="bearer token (default: $CPROXY_TOKEN, or none when auth is off)",
+    )
+    p.add_argument(
+        "--timeout-ms",
+        type=_int_at_least(1),
+        default=40_000,
+        help="how long one HTTP call may take, in milliseconds",
+    )
+
+
+def _add(sub: Commands, name: str, text: str) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text, formatter_class=_Formatter)
+
+
+def _serve(sub: Commands) -> None:
+    s = _add(sub, "serve", "run the service (flags override the config file)")
+    s.add_argument("--host", help="interface to bind (default: from the file, else 127.0.0.1)")
+    s.add_argument("--port", type=int, help="port to bind (default: from the file, else 9713)")
+    s.add_argument("--data-dir", type=Path, help="SQLite data directory (default: ./cproxy-data)")
+    s.add_argument("--config", type=Path, help="TOML file: topics, groups, tokens, limits")
+    s.add_argument(
+        "--log-level", choices=["debug", "info", "warning", "error"], help="(default: info)"
+    )
+    s.add_argument("--log-format", choices=["text", "json"], help="(default: text)")
+
+
+def _topics(sub: Commands) -> None:
+    p = _add(sub, "topics", "list, show or create topics")
+    _client_flags(p)
+    p.add_argument(
+        "action", choices=["list", "show", "create"], nargs="?", default="list", help="what to do"
+    )
+    p.add_argument("name", nargs="?", help="the topic (required by show and create)")
+    p.add_argument(
+        "--queues", type=_int_at_least(1), default=1, help="queues of a new topic (create)"
+    )
+
+
+def _groups(sub: Commands) -> None:
+    p = _add(
+        sub,
+        "groups",
+        "list, show, create, delete or seek consumer groups "
+        "('cproxy groups NAME' is 'cproxy groups show NAME')",
+    )
+    _client_flags(p)
+    p.add_argument(
+        "action",
+        nargs="?",
+        default="list",
+        help="list | show | create | delete | seek (or a group name to show)",
+    )
+    p.add_argument("name", nargs="?", help="the group (required by every action but list)")
+    p.add_argument(
+        "--topic",
+        action="append",
+        default=[],
+        metavar="TOPIC[=ORDER_BY]",
+        help="create: a topic to read, repeatable; ORDER_BY is qid, key, none or a JSON path "
+        "(default: --order-by). seek: the one topic to move",
+    )
+    p.add_argument("--order-by", default="key", help="create: order of topics without =ORDER_BY")
+    p.add_argument(
+        "--max-attempts", type=_int_at_least(1), help="create (default: the server's, 5)"
+    )
+    p.add_argument(
+        "--retry-backoff-ms",
+        help="create: comma-separated backoffs in ms, e.g. 1000,5000,30000 (default: the server's)",
+    )
+    p.add_argument("--ack-timeout-ms", type=_int_at_least(1), help="create (default: the server's)")
+    p.add_argument("--start", choices=["earliest", "latest"], help="create (default: earliest)")
+    p.add_argument(
+        "--on-exhausted", choices=["dead_letter", "block"], help="create (default: dead_letter)"
+    )
+    p.add_argument("--max-buffered", type=_int_at_least(1), help="create (default: the server's)")
+    p.add_argument("--to", help="seek: earliest, latest or an offset (or use --timestamp-ms)")
+    p.add_argument(
+        "--timestamp-ms", type=_int_at_least(0), help="seek: a Unix time in ms (default: use --to)"
+    )
+    p.add_argument("--qid", type=_int_at_least(0), help="seek: one queue (default: all)")
+
+
+def _produce(sub: Commands) -> None:
+    p = _add(sub, "produce", "produce one message")
+    _client_flags(p)
+    p.add_argument("topic", help="the topic to produce to")
+    p.add_argument("body", help="JSON body, e.g. '{\"ride\": 7}'")
+    p.add_argument("--key", help="order key (default: none)")
+    p.add_argument("--id", help="message id for dedup (default: none)")
+    p.add_argument("--qid", type=_int_at_least(0), help="explicit queue (default: by key)")
+    p.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a message header, repeatable",
+    )
+
+
+def _tail(sub: Commands, name: str) -> None:
+    peek = name == "peek"
+    p = _add(
+        sub,
+        name,
+        "print messages without acking them (tail --no-ack): they stay in flight until the "
+        "group's ack timeout, then are delivered again"
+        if peek
+        else "pull, print (one JSON object per line) and ack messages; Ctrl-C stops",
+    )
+    _client_flags(p)
+    p.add_argument("group", help="the consumer group")
+    p.add_argument(
+        "--count", type=_int_at_least(1), help="stop after this many messages (default: never)"
+    )
+    if not peek:
+        p.add_argument(
+            "--no-ack",
+            action="store_true",
+            help="do not ack: messages stay in flight until the group's ack timeout",
+        )
+    p.add_argument("--topic", action="append", help="only these topics, repeatable (default: all)")
+    p.add_argument(
+        "--wait-ms", type=_int_at_least(0), default=5000, help="long-poll wait of each pull"
+    )
+    p.set_defaults(command="tail", **({"no_ack": True} if peek else {}))
+
+
+def _dead_letters(sub: Commands) -> None:
+    p = _add(sub, "dead-letters", "list a group's dead letters, or redrive them")
+    _client_flags(p)
+    p.add_argument("action", choices=["list", "redrive"], help="what to do")
+    p.add_argument("group", help="the consumer group")
+    p.add_argument("--topic", help="only this topic (default: all)")
+    p.add_argument(
+        "--limit",
+        type=_int_at_least(1),
+        help="list: at most this many (default: the server's, 100)",
+    )
+
+
+def _blocked(sub: Commands) -> None:
+    p = _add(
+        sub,
+        "blocked",
+        "list a group's blocked keys; skip (dead-letter) or release (retry now) a blocked head",
+    )
+    _client_flags(p)
+    p.add_argument("action", choices=["list", "skip", "release"], help="what to do")
+    p.add_argument("group", help="the consumer group")
+    p.add_argument("--topic", help="list: only this topic (default: all); skip/release: required")
+    p.add_argument(
+        "--order-value", help="skip/release: the blocked order value (or --qid/--offset)"
+    )
+    p.add_argument(
+        "--qid",
+        type=_int_at_least(0),
+        help="skip/release: queue of the head (default: use --order-value)",
+    )
+    p.add_argument(
+        "--offset",
+        type=_int_at_least(0),
+        help="skip/release: offset of the head (default: use --order-value)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``cproxy`` parser (``--version``, ``serve`` and the client commands)."""
+    parser = argparse.ArgumentParser(
+        prog="cproxy", description=DESCRIPTION, formatter_class=_Formatter
+    )
+    parser.add_argument("--version", action="version", version=f"cproxy {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _serve(sub)
+    _topics(sub)
+    _groups(sub)
+    _produce(sub)
+    _tail(sub, "tail")
+    _tail(sub, "peek")
+    _dead_letters(sub)
+    _blocked(sub)
+    return parser
