@@ -1,7 +1,7 @@
 """What the sync and async clients share: building calls, parsing answers, mapping errors.
 
 Nothing here does I/O (the HTTPX model: one base, two thin transports on top), so the contract
-of DESIGN §4 is encoded exactly once. Every ``httpx`` error is translated here, once, into the
+of docs/api.md is encoded exactly once. Every ``httpx`` error is translated here, once, into the
 :mod:`consumer_sdk.errors` hierarchy with ``raise ... from exc``.
 """
 

@@ -1,6 +1,6 @@
 """Typed HTTP clients for one cproxy server: :class:`Client` and its async twin.
 
-Both speak the JSON API of DESIGN §4 and share everything but I/O with
+Both speak the JSON API of docs/api.md and share everything but I/O with
 :class:`consumer_sdk._base.BaseClient`. Calls are retried per their :class:`RetryPolicy` on
 transport errors and 503; a call that may already have been applied (timeout, reset) is only
 repeated when it is idempotent (``pull`` never is; ``produce`` is when every message has an id).
@@ -173,7 +173,7 @@ class Client(BaseClient):
         return int(self._request(call).get("redriven", 0))
 
     def blocked_keys(self, group: str) -> list[dict[str, Any]]:
-        """Order values whose head is retrying or unacked (see DESIGN §4)."""
+        """Order values whose head is retrying or unacked (see docs/api.md)."""
         return list(
             self._request(self._group_call("GET", group, "/blocked-keys")).get("blocked_keys", [])
         )

@@ -23,9 +23,9 @@ An HTML comment on the line before a block controls it (attributes are checked, 
   printed;
 - ``<!-- snippet: needs="spark" timeout_s="240" -->``: needs PySpark and Java (otherwise
   skipped with a printed reason), and may take that long (default timeout 60 s);
-- ``<!-- snippet: expect="ride-7" expect_error="topic_conflict" -->``: stdout must contain the
-  text / that API error code (several ``expect`` values are separated by ``|``; values may
-  be in single quotes when they contain double quotes).
+- ``<!-- snippet: expect="ride-7" expect_error="topic_conflict" -->``: the output (stdout or
+  stderr) must contain the text / stdout that API error code (several ``expect`` values are
+  separated by ``|``; values may be in single quotes when they contain double quotes).
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def run_snippet(snippet: Snippet, url: str, workdir: Path) -> str:
         return f"{snippet.where}: API error(s) {sorted(unexpected)}\n{report}"
     if snippet.expect_error and snippet.expect_error not in codes:
         return f"{snippet.where}: expected API error {snippet.expect_error!r}\n{report}"
-    missing = [text for text in snippet.expect if text not in done.stdout]
+    missing = [text for text in snippet.expect if text not in done.stdout + done.stderr]
     if missing:
         return f"{snippet.where}: output lacks {missing}\n{report}"
     return ""

@@ -6,7 +6,7 @@
 persists what it hands back (``take_commit``). Everything runs on one event loop, so nothing
 here locks.
 
-Delivery semantics, per DESIGN §3: a message is handed out only when it is the head of its
+Delivery semantics, per docs/guarantees.md: a message is handed out only when it is the head of its
 chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while the
 chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or, with
 ``on_exhausted = "block"``, holds its chain until an operator skips or releases it).

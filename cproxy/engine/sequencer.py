@@ -9,7 +9,7 @@ When the head finishes, the next waiting message goes to the *reactivation* queu
 drain before the *fresh* queue of new work: a key that was already in progress keeps moving
 ahead of keys not yet started, like DDMQ's reactivation queue.
 
-*Parking* bounds memory without head-of-line blocking (DESIGN §3.7): when stuck keys fill the
+*Parking* bounds memory without head-of-line blocking (guarantees.md §7): when stuck keys fill the
 buffer with waiting messages, those messages are dropped from memory and the chain remembers,
 per queue, the earliest offset it dropped. Messages of a parked chain that arrive later are
 dropped too. When the chain runs dry it asks to be *reloaded* from the store from that offset.
