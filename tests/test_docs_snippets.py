@@ -215,7 +215,14 @@ def run_snippet(snippet: Snippet, url: str, workdir: Path) -> str:
     return ""
 
 
-@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def _document_param(document: Path) -> object:
+    """Documents with Spark snippets carry the ``spark`` and ``slow`` marks (minutes of work)."""
+    spark = any(s.needs == "spark" for s in extract(document))
+    marks = [pytest.mark.spark, pytest.mark.slow] if spark else []
+    return pytest.param(document, marks=marks, id=str(document.relative_to(ROOT)))
+
+
+@pytest.mark.parametrize("document", [_document_param(d) for d in DOCUMENTS])
 def test_document_snippets_run(
     document: Path,
     docs_server: RunningServer,
