@@ -1,7 +1,7 @@
 """What the sync and async clients share: building calls, parsing answers, mapping errors.
 
 Nothing here does I/O (the HTTPX model: one base, two thin transports on top), so the contract
-of DESIGN §4 is encoded exactly once: each operation is a :class:`Call` that knows its method,
+of docs/api.md is encoded exactly once: each operation is a :class:`Call` that knows its method,
 path, body, whether it may be repeated, and how to parse its answer; :class:`Client` and
 :class:`AsyncClient` only send it. Every ``httpx`` error is translated here, once, into the
 :mod:`consumer_sdk.errors` hierarchy with ``raise ... from exc``.

@@ -1,4 +1,4 @@
-"""The polling loop of DESIGN §6, shared by :class:`Consumer` and :class:`AsyncConsumer`.
+"""The polling loop of docs/sdk.md, shared by :class:`Consumer` and :class:`AsyncConsumer`.
 
 One asyncio engine serves both: the sync consumer runs it on a private event-loop thread and
 hands messages to a thread pool, the async one runs it on the caller's loop and hands messages

@@ -1,4 +1,4 @@
-"""The wire side of the contract (DESIGN §4): request bodies out, typed answers in.
+"""The wire side of the contract (docs/api.md): request bodies out, typed answers in.
 
 Pure functions used by :mod:`consumer_sdk._base`; every malformed answer becomes a
 :class:`~consumer_sdk.ProtocolError` here.

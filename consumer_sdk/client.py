@@ -1,6 +1,6 @@
 """Typed HTTP clients for one cproxy server: :class:`Client` and its async twin.
 
-They are *the* client of the HTTP contract (DESIGN §4): the producers, the consumer loops, the
+They are *the* client of the HTTP contract (docs/api.md): the producers, the consumer loops, the
 Spark sink and the ``cproxy`` CLI all go through them. Both share everything but I/O with
 :class:`consumer_sdk._base.BaseClient`, where every call is built and every answer parsed; each
 method here is one line that sends a call. Calls are retried per their :class:`RetryPolicy`
@@ -201,7 +201,7 @@ class Client(Closing, BaseClient):
         min_blocked_ms: int | None = None,
         limit: int | None = None,
     ) -> list[dict[str, Any]]:
-        """Order values whose head is retrying or unacked (see DESIGN §4)."""
+        """Order values whose head is retrying or unacked (see docs/api.md)."""
         return self._send(self._blocked_keys(group, topic, min_blocked_ms, limit))
 
     def skip(self, group: str, topic: str, head: BlockedHead) -> MessageRef:

@@ -54,7 +54,7 @@ class Consumer(ConsumerBase):
       did not long-poll, doubling. ``retry``: backoff after failed calls (retried until stop).
     - ``drain_timeout_ms`` (None = forever): how long ``stop()`` waits for running handlers.
     - ``flush_timeout_ms`` (10000): how long ``stop()`` keeps retrying to send results.
-    - ``ensure_group``: a group config (DESIGN §4) to PUT on every server at start; ``topics``
+    - ``ensure_group``: a group config (docs/api.md) to PUT on every server at start; ``topics``
       defaults to the consumer's, and a top-level ``"order_by"`` applies to each of them.
     - ``handle_signals`` (True): ``run()`` in the main thread stops gracefully on SIGINT and
       SIGTERM; a second SIGINT raises ``KeyboardInterrupt`` at once.

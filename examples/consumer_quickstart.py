@@ -1,8 +1,12 @@
 """Quickstart: produce ride events, then consume them in order per ride.
 
 1. Start a server:   cproxy serve
-2. Run this:         python examples/consumer_quickstart.py [http://127.0.0.1:9713]
+2. Run this:         python examples/consumer_quickstart.py [URL]
+                     (default: $CPROXY_URL, else http://127.0.0.1:9713)
 3. Stop with Ctrl-C: running handlers finish and their acks are sent before it exits.
+
+It uses its own topic ``quickstart-rides`` (4 queues) and group ``quickstart``, so it runs on
+the same server as the README tour (topic ``rides``, 8 queues) and the other examples.
 
 Events of one ride arrive one at a time, in the order they were produced; different rides are
 handled in parallel on 4 threads. A handler that raises is retried (here: the first "pickup" of
@@ -13,24 +17,27 @@ every ride fails once). Delivery is at least once, so the handler is wrapped wit
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from consumer_sdk import Consumer, Message, Producer, idempotent
 
-URL = sys.argv[1] if len(sys.argv) > 1 else "http://127.0.0.1:9713"
+URL = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("CPROXY_URL", "http://127.0.0.1:9713")
+TOPIC = "quickstart-rides"
 EVENTS = ("requested", "accepted", "pickup", "dropoff")
 log = logging.getLogger("quickstart")
 
 
 def produce() -> None:
     with Producer(URL) as producer:
-        producer.create_topic("rides", queues=4)  # a no-op if it already exists
+        # A no-op when the topic exists with 4 queues (another count would be a 409 conflict).
+        producer.create_topic(TOPIC, queues=4)
         for ride in range(3):
             for event in EVENTS:
                 # key: messages with one key keep their order. id: sending the same event
                 # again (a retry, or running this script twice) stores nothing new.
                 result = producer.send(
-                    "rides",
+                    TOPIC,
                     {"ride": ride, "event": event},
                     key=f"ride-{ride}",
                     id=f"ride-{ride}-{event}",
@@ -54,7 +61,7 @@ def main() -> None:
     consumer = Consumer(
         URL,
         group="quickstart",
-        topics=["rides"],
+        topics=[TOPIC],
         handler=handle,
         concurrency=4,
         # Create the group at start: order by message key, retry failures after 200 ms.

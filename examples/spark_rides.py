@@ -8,13 +8,22 @@
 4. A tiny httpx loop consumes the topic with ``order_by: key`` and checks that every ride
    arrives as call -> pickup -> pay.
 
-Run against a local server (``cproxy serve`` in another terminal)::
+Run against a local server (``cproxy serve`` in another terminal; ``--url`` defaults to
+``$CPROXY_URL``, else http://127.0.0.1:9713)::
 
     python examples/spark_rides.py
 
 or let the example start a throwaway server itself::
 
     python examples/spark_rides.py --start-server
+
+It writes to its own topic ``spark-rides`` (not the README tour's ``rides``, whose messages
+would fail the order check), so it runs on the same server as the other examples. Run it
+again with the same arguments and it stores nothing new; other ``--riders`` or ``--seed``
+values compute other events for the same ride ids, so give them their own ``--topic``.
+
+Spark executors run ``PYSPARK_PYTHON``; this script sets it to its own interpreter (unless
+already set) so the executors can import ``spark_sink`` (see docs/spark.md).
 """
 
 # An example talks to its user: printing is its job.
@@ -180,8 +189,8 @@ def local_server(start: bool, url: str) -> Iterator[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:9713")
-    parser.add_argument("--topic", default="rides")
+    parser.add_argument("--url", default=os.environ.get("CPROXY_URL", "http://127.0.0.1:9713"))
+    parser.add_argument("--topic", default="spark-rides")
     parser.add_argument("--riders", type=int, default=500)
     parser.add_argument("--rides-per-rider", type=int, default=4)
     parser.add_argument("--seed", type=int, default=42)

@@ -20,7 +20,7 @@ NullKeyPolicy = Literal["error", "skip", "unkeyed"]
 NULL_KEY_POLICIES: tuple[str, ...] = ("error", "skip", "unkeyed")
 
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
-#: Server defaults from the contract (DESIGN.md section 4); the sink stays below them.
+#: Server defaults from the contract (docs/api.md "Limits"); the sink stays below them.
 SERVER_MAX_MESSAGES_PER_CALL = 1000
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024

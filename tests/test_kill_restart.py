@@ -1,6 +1,6 @@
 """Acceptance: SIGKILL the server mid-stream, restart it on the same data, lose nothing.
 
-DESIGN §3.1/3.2/3.5/3.6: the server runs as a real subprocess (``cproxy serve``) with
+docs/guarantees.md §1/2/5/6: the server runs as a real subprocess (``cproxy serve``) with
 ``commit_interval_ms = 200``. A paced producer writes per-key sequence numbers with message ids;
 consumer threads pull with piggybacked acks (and a few deliberate fails, some of them until the
 message is dead-lettered) and log every delivery and every ack the server *confirmed*. The

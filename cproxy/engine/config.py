@@ -18,7 +18,7 @@ OnExhausted = Literal["dead_letter", "block"]
 
 @dataclass(frozen=True, slots=True)
 class GroupConfig:
-    """Settings of one consumer group (DESIGN §4, ``PUT /v1/groups/{group}``).
+    """Settings of one consumer group (docs/api.md, ``PUT /v1/groups/{group}``).
 
     Defaults: 5 attempts, backoff 1 s / 5 s / 30 s (the last repeating), 30 s ack timeout,
     start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered.

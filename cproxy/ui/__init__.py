@@ -1,4 +1,4 @@
-"""The operator console: a static page, its script modules and stylesheet (DESIGN §9).
+"""The operator console: a static page, its script modules and stylesheet (docs/console.md).
 
 The assets live in ``static/`` next to this file and ship as package data, so the console
 works without internet access, a CDN or a build step. The page talks to the ``/v1`` API from

@@ -1,4 +1,4 @@
-"""Bearer-token auth (DESIGN §4 "Auth", role table in cproxy/api/auth.py): 401 without a valid
+"""Bearer-token auth (docs/api.md "Auth", role table in cproxy/api/auth.py): 401 without a valid
 token, 403 outside the token's role or scope, and the allowed calls work."""
 
 from __future__ import annotations

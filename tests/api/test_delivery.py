@@ -1,4 +1,4 @@
-"""Delivery guarantees of DESIGN §3 over HTTP against a real server (SQLite store)."""
+"""Delivery guarantees of docs/guarantees.md over HTTP against a real server (SQLite store)."""
 
 from __future__ import annotations
 

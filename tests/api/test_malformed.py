@@ -1,5 +1,5 @@
 """Malformed input on every endpoint: always a 4xx with the contract's error body, never a 5xx,
-and never a change to stored data (DESIGN §4: "Malformed input never yields a 5xx")."""
+and never a change to stored data (docs/api.md: "Malformed input never yields a 5xx")."""
 
 from __future__ import annotations
 

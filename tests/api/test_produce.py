@@ -1,5 +1,5 @@
-"""Produce over HTTP (DESIGN §2 queue selection, §3.6 dedup, §4 "Produce": order, atomicity,
-limits)."""
+"""Produce over HTTP (docs/api.md "Produce": queue selection, order, atomicity, limits;
+docs/guarantees.md §6: dedup)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topics over HTTP (DESIGN §4 "Topics"): create, idempotency, conflicts, validation, describe."""
+"""Topics over HTTP (docs/api.md "Topics"): create, idempotency, conflicts, validation, describe."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GroupEngine behaviour, DESIGN §3, without store or sockets."""
+"""GroupEngine behaviour, docs/guarantees.md, without store or sockets."""
 
 from __future__ import annotations
 

@@ -87,6 +87,6 @@ def test_json_path_indexes() -> None:
 
 
 def test_string_and_number_with_same_text_share_a_chain() -> None:
-    # DESIGN: chains are keyed by the value's string form.
+    # docs/guarantees.md: chains are keyed by the value's string form.
     order = OrderBy.parse("$.id")
     assert order.extract(msg({"id": "7"})) == order.extract(msg({"id": 7}))

@@ -1,4 +1,4 @@
-"""The engine is pure: no web framework, no store, no I/O, no clock (DESIGN §1)."""
+"""The engine is pure: no web framework, no store, no I/O, no clock (README "Layout")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The operator console (DESIGN §9) in a real headless Chromium against a real server.
+"""The operator console (docs/console.md) in a real headless Chromium against a real server.
 
 Each test produces its own messages on its own topic and group, opens ``/ui`` and checks what
 an operator sees and what the buttons do, verifying server state through the HTTP API.
