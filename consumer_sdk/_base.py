@@ -266,8 +266,11 @@ class BaseClient:
         wait_ms: int,
         topics: Sequence[str] | None,
         results: Sequence[QueueResult],
+        max_per_key: int = 1,
     ) -> Call[PullResult]:
         body: dict[str, Any] = {"max_messages": max_messages, "wait_ms": wait_ms}
+        if max_per_key > 1:
+            body["max_per_key"] = max_per_key
         if topics is not None:
             body["topics"] = list(topics)
         if results:
@@ -288,9 +291,19 @@ class BaseClient:
         return self._group("POST", group, "/ack", {"results": results_to_wire(results)}, parse_ack)
 
     def _extend(
-        self, group: str, refs: Iterable[MessageRef], ack_timeout_ms: int
+        self,
+        group: str,
+        refs: Iterable[MessageRef],
+        ack_timeout_ms: int,
+        attempts: Mapping[MessageRef, int] | None = None,
     ) -> Call[ExtendResult]:
-        messages = [{"topic": t, "qid": q, "offset": o} for t, q, o in refs]
+        fence = attempts or {}
+        messages: list[dict[str, Any]] = []
+        for t, q, o in refs:
+            item: dict[str, Any] = {"topic": t, "qid": q, "offset": o}
+            if (t, q, o) in fence:
+                item["attempt"] = fence[(t, q, o)]
+            messages.append(item)
         body = {"messages": messages, "ack_timeout_ms": ack_timeout_ms}
         return self._group("POST", group, "/extend", body, parse_extend)
 

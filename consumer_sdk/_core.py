@@ -25,6 +25,7 @@ from consumer_sdk.models import AckResult
 
 from ._lease import keep_leases, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
+from ._runs import Runs
 from ._util import group_body, prepare_group
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -78,6 +79,7 @@ class ConsumerCore:
         self._notify_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread = 0
+        self._runs = Runs()
 
     # -- wake-ups ----------------------------------------------------------------------------
     # Waiters re-check their condition whenever anything changed. Notifications from worker
@@ -138,11 +140,26 @@ class ConsumerCore:
         return any(not t.done() for t in self._pullers)
 
     def settle(self, delivery: Delivery, error: str | None) -> bool:
-        """Record a handler outcome (None = ack); thread-safe. False if already settled."""
-        if self.ledger.settle(delivery, error):
-            self.notify()
-            return True
-        return False
+        """Record a handler outcome (None = ack); thread-safe. False if already settled.
+
+        Within a same-key run the next message is dispatched only after this one acked; a
+        fail ends the run here (the server sends the rest back behind the failed message).
+        """
+        if not self.ledger.settle(delivery, error):
+            return False
+        nxt, taken_back = self._runs.settled(delivery, error is None)
+        if nxt is not None:
+            self._dispatcher.submit([nxt])
+        if taken_back:
+            self.ledger.drop(taken_back)
+        self.notify()
+        return True
+
+    def _dispatch(self, deliveries: list[Delivery]) -> None:
+        """Hand a pull's deliveries to the dispatcher: same-key runs one message at a time."""
+        if self.config.max_per_key > 1:
+            deliveries = self._runs.split(deliveries)
+        self._dispatcher.submit(deliveries)
 
     def stats(self) -> ConsumerStats:
         return self.ledger.stats()
@@ -291,6 +308,7 @@ class ConsumerCore:
                     topics=self.topics,
                     results=results,
                     retry=NO_RETRY,
+                    max_per_key=cfg.max_per_key,
                 )
             except ClientError as exc:
                 ledger.restore_results(index, results)
@@ -312,7 +330,7 @@ class ConsumerCore:
             self._note(client, answer.results)
             if answer.messages:
                 idle_ms = 0.0
-                self._dispatcher.submit(ledger.add(index, answer.messages))
+                self._dispatch(ledger.add(index, answer.messages))
                 self._wake()
                 continue
             # Empty: the long poll already waited, so sleep only what it did not wait.

@@ -56,7 +56,11 @@ async def _extend(core: ConsumerCore, index: int, deliveries: list[Delivery]) ->
     now = time.monotonic()
     try:
         answer = await client.extend(
-            core.group, [d.message.ref for d in deliveries], core.extend_lease_ms, retry=NO_RETRY
+            core.group,
+            [d.message.ref for d in deliveries],
+            core.extend_lease_ms,
+            retry=NO_RETRY,
+            attempts={d.message.ref: d.message.attempt for d in deliveries},
         )
     except ClientError as exc:
         # Not fatal: the next tick tries again while the current lease still runs.

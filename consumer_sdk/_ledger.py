@@ -33,6 +33,8 @@ class Delivery:
 class _QueueOutcomes:
     acks: list[int] = field(default_factory=list)
     fails: list[tuple[int, str | None]] = field(default_factory=list)
+    #: offset -> the attempt each result answers (every result is sent fenced)
+    attempts: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,7 @@ class Ledger:
             outcomes = self._pending[server].get((msg.topic, msg.qid))
             if outcomes is None:
                 outcomes = self._pending[server][(msg.topic, msg.qid)] = _QueueOutcomes()
+            outcomes.attempts[msg.offset] = msg.attempt
             if error is None:
                 outcomes.acks.append(msg.offset)
                 self._counts["acked"] += 1
@@ -99,6 +102,14 @@ class Ledger:
             if self._pending_since[server] is None:
                 self._pending_since[server] = time.monotonic()
             return True
+
+    def drop(self, deliveries: Iterable[Delivery]) -> None:
+        """Forget deliveries the server took back (the rest of a failed run): no result."""
+        with self._lock:
+            for d in deliveries:
+                if not d.settled:
+                    d.settled = True
+                    self._outstanding.discard(d)
 
     def unsettled(self) -> list[Delivery]:
         with self._lock:
@@ -114,7 +125,7 @@ class Ledger:
             self._pending_count[server] = 0
             self._pending_since[server] = None
         return [
-            QueueResult(topic, qid, tuple(o.acks), tuple(o.fails))
+            QueueResult(topic, qid, tuple(o.acks), tuple(o.fails), tuple(o.attempts.items()))
             for (topic, qid), o in pending.items()
         ]
 
@@ -128,6 +139,7 @@ class Ledger:
                     outcomes = pending[(r.topic, r.qid)] = _QueueOutcomes()
                 outcomes.acks.extend(r.acks)
                 outcomes.fails.extend(r.fails)
+                outcomes.attempts.update(r.attempts)
                 self._pending_count[server] += len(r.acks) + len(r.fails)
             if pending and self._pending_since[server] is None:
                 self._pending_since[server] = time.monotonic()

@@ -47,16 +47,23 @@ def outgoing_to_wire(message: OutgoingMessage) -> dict[str, Any]:
 
 
 def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
-    """Results in the pull/ack shape; fails in the extended form that carries the error."""
+    """Results in the pull/ack shape: fails in the extended form that carries the error, and
+    results with a known attempt in the fenced form (``{"offset", "attempt"}``)."""
     out: list[dict[str, Any]] = []
     for r in results:
+        attempts = dict(r.attempts)
         fails: list[dict[str, Any]] = []
         for offset, error in r.fails:
             fail: dict[str, Any] = {"offset": offset}
             if error is not None:
                 fail["error"] = error
+            if offset in attempts:
+                fail["attempt"] = attempts[offset]
             fails.append(fail)
-        out.append({"topic": r.topic, "qid": r.qid, "acks": list(r.acks), "fails": fails})
+        acks: list[Any] = [
+            {"offset": o, "attempt": attempts[o]} if o in attempts else o for o in r.acks
+        ]
+        out.append({"topic": r.topic, "qid": r.qid, "acks": acks, "fails": fails})
     return out
 
 

@@ -154,10 +154,15 @@ class Client(Closing, BaseClient):
         topics: Sequence[str] | None = None,
         results: Sequence[QueueResult] = (),
         retry: RetryPolicy | None = None,
+        max_per_key: int = 1,
     ) -> PullResult:
         """Apply ``results``, then take up to ``max_messages`` messages, waiting up to
-        ``wait_ms`` for one. Every message returned is in flight until acked or failed."""
-        return self._send(self._pull(group, max_messages, wait_ms, topics, results), retry)
+        ``wait_ms`` for one. Every message returned is in flight until acked or failed.
+
+        ``max_per_key`` > 1 lets the answer carry same-key runs (``Message.run``): handle a
+        run in order; after a fail, send no result for the rest of its run."""
+        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key)
+        return self._send(call, retry)
 
     def ack(
         self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
@@ -171,9 +176,11 @@ class Client(Closing, BaseClient):
         refs: Iterable[MessageRef],
         ack_timeout_ms: int,
         retry: RetryPolicy | None = None,
+        attempts: Mapping[MessageRef, int] | None = None,
     ) -> ExtendResult:
-        """Move the ack deadline of in-flight messages to now + ``ack_timeout_ms``."""
-        return self._send(self._extend(group, refs, ack_timeout_ms), retry)
+        """Move the ack deadline of in-flight messages to now + ``ack_timeout_ms``;
+        ``attempts`` fences each extend to the delivery it names."""
+        return self._send(self._extend(group, refs, ack_timeout_ms, attempts), retry)
 
     # -- operations --------------------------------------------------------------------------
     def seek(
@@ -325,8 +332,10 @@ class AsyncClient(AsyncClosing, BaseClient):
         topics: Sequence[str] | None = None,
         results: Sequence[QueueResult] = (),
         retry: RetryPolicy | None = None,
+        max_per_key: int = 1,
     ) -> PullResult:
-        return await self._send(self._pull(group, max_messages, wait_ms, topics, results), retry)
+        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key)
+        return await self._send(call, retry)
 
     async def ack(
         self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
@@ -339,8 +348,9 @@ class AsyncClient(AsyncClosing, BaseClient):
         refs: Iterable[MessageRef],
         ack_timeout_ms: int,
         retry: RetryPolicy | None = None,
+        attempts: Mapping[MessageRef, int] | None = None,
     ) -> ExtendResult:
-        return await self._send(self._extend(group, refs, ack_timeout_ms), retry)
+        return await self._send(self._extend(group, refs, ack_timeout_ms, attempts), retry)
 
     async def seek(
         self, group: str, topic: str, to: SeekTarget, qid: int | None = None

@@ -56,6 +56,7 @@ class ConsumerOptions(TypedDict, total=False):
 
     concurrency: int
     max_messages: int
+    max_per_key: int
     wait_ms: int
     max_outstanding: int | None
     ack_linger_ms: int
@@ -79,6 +80,9 @@ class ConsumerConfig:
 
     concurrency: int = 8
     max_messages: int = 32
+    #: > 1: pull same-key runs of up to this many messages, handled in order (a fail stops
+    #: the run; the server sends the rest back behind the failed message).
+    max_per_key: int = 1
     wait_ms: int = 1_000
     max_outstanding: int | None = None
     ack_linger_ms: int = 10
@@ -95,6 +99,7 @@ class ConsumerConfig:
         checks = [
             (self.concurrency >= 1, "concurrency must be >= 1"),
             (1 <= self.max_messages <= 1000, "max_messages must be in 1..1000"),
+            (1 <= self.max_per_key <= 1000, "max_per_key must be in 1..1000"),
             (0 <= self.wait_ms <= 30_000, "wait_ms must be in 0..30000"),
             (
                 self.max_outstanding is None or self.max_outstanding >= 1,

@@ -29,6 +29,9 @@ class Message:
     attempt: int = 1
     produced_at_ms: int = 0
     server: str = ""
+    #: With ``max_per_key`` > 1: the position, in its pull answer, of the first message of the
+    #: same-key run this message belongs to (messages of one run are handled in order).
+    run: int | None = None
 
     @property
     def ref(self) -> MessageRef:
@@ -52,7 +55,7 @@ class Message:
 _new = object.__new__
 # Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
 # object.__setattr__ calls cost several microseconds per message on the pull path.
-(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server) = (
+(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server, _run) = (
     Message.__dict__[name].__set__ for name in Message.__dataclass_fields__
 )
 
@@ -69,6 +72,7 @@ def message_from_wire(m: Mapping[str, Any], server: str) -> Message:
     _attempt(msg, m.get("attempt", 1))
     _produced(msg, m.get("produced_at_ms", 0))
     _server(msg, server)
+    _run(msg, m.get("run"))
     return msg
 
 
@@ -114,6 +118,10 @@ class QueueResult:
     qid: int
     acks: tuple[int, ...] = ()
     fails: tuple[tuple[int, str | None], ...] = ()
+    #: ``(offset, attempt)`` pairs fencing results to the delivery they answer: the server
+    #: ignores (reports unknown) a result for an attempt that is no longer current. The
+    #: consumer loops always send them; offsets not named here are unfenced.
+    attempts: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,9 +95,14 @@ async def delete_group(group: str, broker: BrokerDep) -> Response:
 )
 async def pull(group: str, body: Pull, broker: BrokerDep) -> Response:
     result = await broker.pull(
-        group, body.max_messages, body.wait_ms, body.topics, _results(body.results)
+        group,
+        body.max_messages,
+        body.wait_ms,
+        body.topics,
+        _results(body.results),
+        body.max_per_key,
     )
-    return wire.json_response(wire.pull_result(result))
+    return wire.json_response(wire.pull_result(result, runs=body.max_per_key > 1))
 
 
 @router.post("/{group}/ack", summary="Apply acks and fails", dependencies=[UseGroup])

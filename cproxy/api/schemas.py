@@ -68,6 +68,8 @@ class Pull(_Strict):
     wait_ms: Annotated[StrictInt, Field(ge=0)] = 5000
     topics: list[StrictStr] | None = None
     results: list[QueueResults] = []
+    #: Up to this many consecutive messages of one order value per answer (a same-key run).
+    max_per_key: Annotated[StrictInt, Field(ge=1)] = 1
 
 
 class Ack(_Strict):

@@ -66,10 +66,12 @@ def _message(m: Message) -> dict[str, Any]:
     }
 
 
-def delivery(d: Delivery) -> dict[str, Any]:
+def delivery(d: Delivery, runs: bool = False) -> dict[str, Any]:
     out = _message(d.message)
     out["attempt"] = d.attempt
     out["produced_at_ms"] = d.message.produced_at_ms
+    if runs:
+        out["run"] = d.run
     return out
 
 
@@ -81,9 +83,10 @@ def outcome(o: Outcome) -> dict[str, Any]:
     return {"applied": o.applied, "unknown": refs(o.unknown)}
 
 
-def pull_result(r: PullResult) -> dict[str, Any]:
+def pull_result(r: PullResult, runs: bool = False) -> dict[str, Any]:
+    """With ``runs`` (``max_per_key`` > 1) each message names its run's first position."""
     return {
-        "messages": [delivery(d) for d in r.deliveries],
+        "messages": [delivery(d, runs) for d in r.deliveries],
         "results": {"applied": r.applied, "unknown": refs(r.unknown)},
     }
 

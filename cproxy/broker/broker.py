@@ -266,11 +266,17 @@ class Broker:
         wait_ms: int,
         topics: Sequence[str] | None,
         results: Sequence[Result],
+        max_per_key: int = 1,
     ) -> PullResult:
-        """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``)."""
+        """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
+
+        ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``).
+        """
         limits = self.settings.limits
         if max_messages > limits.max_pull_messages:
             raise InvalidRequest(f"max_messages must be at most {limits.max_pull_messages}")
+        if max_per_key > limits.max_pull_messages:
+            raise InvalidRequest(f"max_per_key must be at most {limits.max_pull_messages}")
         if wait_ms > limits.max_wait_ms:
             raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
         runner = self._runner(name)
@@ -279,7 +285,7 @@ class Broker:
             if unknown:
                 raise InvalidRequest(f"group {name!r} does not read topic(s) {unknown}")
         started = time.perf_counter()
-        result = await runner.pull(max_messages, wait_ms, topics, results)
+        result = await runner.pull(max_messages, wait_ms, topics, results, max_per_key)
         if self._on_pull is not None:
             self._on_pull(name, time.perf_counter() - started)
         return result

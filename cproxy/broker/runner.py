@@ -240,13 +240,14 @@ class GroupRunner:
         wait_ms: int,
         topics: Collection[str] | None,
         results: Sequence[Result],
+        max_per_key: int = 1,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``."""
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         deadline = time.monotonic() + wait_ms / 1000
         while True:
             ready = self._ready
-            deliveries = self._engine.pull(max_messages, topics, now_ms())
+            deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
             remaining = deadline - time.monotonic()
             if deliveries or remaining <= 0 or self._stopping:
                 break

@@ -23,7 +23,7 @@ from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.operations import Operations
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
-from cproxy.engine.sequencer import Sequencer
+from cproxy.engine.sequencer import Chain, Sequencer
 from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
@@ -108,9 +108,18 @@ class GroupEngine(Operations):
         return any(self._seq.has_ready(t) for t in names if t in self._counters)
 
     def pull(
-        self, max_messages: int, topics: Collection[str] | None, now_ms: int
+        self,
+        max_messages: int,
+        topics: Collection[str] | None,
+        now_ms: int,
+        max_per_key: int = 1,
     ) -> list[Delivery]:
-        """Hand out up to ``max_messages`` ready heads; they are in flight until acked."""
+        """Hand out up to ``max_messages`` ready heads; they are in flight until acked.
+
+        With ``max_per_key`` > 1 a head may bring up to ``max_per_key - 1`` of the messages
+        waiting behind it (a same-key run, in offset order): the consumer handles them in
+        order, and a fail at one sends the rest of the run back behind it.
+        """
         self.tick(now_ms)
         names = (
             list(self._counters) if topics is None else [t for t in topics if t in self._counters]
@@ -120,22 +129,32 @@ class GroupEngine(Operations):
         self._topic_cursor = (self._topic_cursor + 1) % len(names)
         out: list[Delivery] = []
         deadline = now_ms + self.config.ack_timeout_ms
-        move = self._tally.move
         for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
-            counters = self._counters[topic]
+            before = len(out)
             while len(out) < max_messages and (entry := self._seq.pop_ready(topic)) is not None:
-                entry.attempt += 1
-                move(entry, State.IN_FLIGHT)
-                entry.deadline_ms = deadline
-                if entry.attempt == 1:
-                    entry.blocked_since_ms = now_ms
-                self._timeouts.push(deadline, entry)
-                self._in_flight[entry.message.ref] = entry
-                counters.delivered += 1
-                out.append(Delivery(entry.message, entry.attempt))
+                run = len(out)
+                self._send(entry, deadline, now_ms, out, run)
+                chain = entry.chain
+                if max_per_key > 1 and chain is not None and chain.head is entry:
+                    room = min(max_per_key - 1, max_messages - len(out))
+                    for member in self._seq.take_run(chain, room):
+                        self._send(member, deadline, now_ms, out, run)
+            self._counters[topic].delivered += len(out) - before
             if len(out) >= max_messages:
                 break
         return out
+
+    def _send(
+        self, entry: Entry, deadline_ms: int, now_ms: int, out: list[Delivery], run: int
+    ) -> None:
+        entry.attempt += 1
+        self._tally.move(entry, State.IN_FLIGHT)
+        entry.deadline_ms = deadline_ms
+        if entry.attempt == 1:
+            entry.blocked_since_ms = now_ms
+        self._timeouts.push(deadline_ms, entry)
+        self._in_flight[entry.message.ref] = entry
+        out.append(Delivery(entry.message, entry.attempt, run))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -235,6 +254,15 @@ class GroupEngine(Operations):
 
     def _attempt_failed(self, entry: Entry, error: str, now_ms: int) -> None:
         entry.last_error = error
+        chain = entry.chain
+        if chain is not None and chain.run:
+            if entry is not chain.head:
+                # A run member failed before the head finished: it and the rest of the run
+                # go back behind the head; its attempt counts, theirs do not.
+                later = list(chain.run)[list(chain.run).index(entry) :]
+                self._send_back(chain, later, charged=entry)
+                return
+            self._send_back(chain, list(chain.run))
         if entry.attempt < self.config.max_attempts:
             entry.due_ms = now_ms + self.config.backoff_ms(entry.attempt)
             self._tally.move(entry, State.RETRYING)
@@ -245,6 +273,15 @@ class GroupEngine(Operations):
         else:
             self._tally.move(entry, State.EXHAUSTED)
             self._exhausted[entry.message.ref] = entry
+
+    def _send_back(self, chain: Chain, members: list[Entry], charged: Entry | None = None) -> None:
+        """Run members go back to waiting: results for their deliveries become unknown, and
+        being sent back is not charged toward ``max_attempts`` (except for ``charged``)."""
+        for member in members:
+            self._in_flight.pop(member.message.ref, None)
+            if member is not charged:
+                member.attempt -= 1
+        self._seq.send_back(chain, members)
 
     def _dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
@@ -264,8 +301,12 @@ class GroupEngine(Operations):
             cur = self._reader.cursor(message.topic, message.qid)
             assert cur is not None
             cur.tracker.finish(message.offset)
-        if entry.chain is not None:
-            self._seq.head_done(entry.chain)
+        chain = entry.chain
+        if chain is not None:
+            if chain.head is entry:
+                self._seq.head_done(chain)
+            else:
+                self._seq.run_member_done(chain, entry)
 
     # -- persistence ---------------------------------------------------------------------------
     @property

@@ -30,12 +30,14 @@ from cproxy.engine.work import Entry, State, Tally
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
-    __slots__ = ("head", "parked", "reloading", "topic", "value", "waiting")
+    __slots__ = ("head", "parked", "reloading", "run", "topic", "value", "waiting")
 
     def __init__(self, topic: str, value: str) -> None:
         self.topic = topic
         self.value = value
         self.head: Entry | None = None
+        #: Messages handed out together with the head (a same-key run), in offset order.
+        self.run: deque[Entry] = deque()
         self.waiting: deque[Entry] = deque()
         #: qid -> earliest offset dropped from memory and not yet reloaded.
         self.parked: dict[int, int] = {}
@@ -141,13 +143,38 @@ class Sequencer:
     def has_ready(self, topic: str) -> bool:
         return self._tally.count(State.READY, topic) > 0
 
+    # -- same-key runs --------------------------------------------------------------------------
+    def take_run(self, chain: Chain, count: int) -> list[Entry]:
+        """Up to ``count`` waiting entries to hand out with the head (the caller sends them)."""
+        out: list[Entry] = []
+        while len(out) < count and chain.waiting:
+            entry = chain.waiting.popleft()
+            chain.run.append(entry)
+            out.append(entry)
+        return out
+
+    def send_back(self, chain: Chain, entries: list[Entry]) -> None:
+        """Run members go back behind the head, in order, to wait for their turn again."""
+        for entry in reversed(entries):
+            chain.run.remove(entry)
+            chain.waiting.appendleft(entry)
+            self._tally.move(entry, State.WAITING)
+
+    def run_member_done(self, chain: Chain, entry: Entry) -> None:
+        """A run member (not the head) finished before the head did."""
+        chain.run.remove(entry)
+
     # -- finishing -----------------------------------------------------------------------------
     def head_done(self, chain: Chain) -> None:
-        """The head of ``chain`` finished or was dropped: the next waiting entry becomes ready.
+        """The head of ``chain`` finished or was dropped: the next entry moves up.
 
-        A chain that ran dry with parked messages asks for a reload; one with nothing in
-        memory and nothing parked is forgotten.
+        The next member of a run becomes the head while staying in flight; else the next
+        waiting entry becomes ready. A chain that ran dry with parked messages asks for a
+        reload; one with nothing in memory and nothing parked is forgotten.
         """
+        if chain.run:
+            chain.head = chain.run.popleft()
+            return
         if chain.waiting:
             nxt = chain.waiting.popleft()
             chain.head = nxt
@@ -201,10 +228,12 @@ class Sequencer:
 
         dropped: list[Entry] = []
         for chain in [c for c in self._chains.values() if c.topic == topic]:
-            gone = [e for e in chain.waiting if hit(e)]
-            if gone:
-                chain.waiting = deque(e for e in chain.waiting if not hit(e))
-                dropped.extend(gone)
+            for name in ("waiting", "run"):
+                held: deque[Entry] = getattr(chain, name)
+                gone = [e for e in held if hit(e)]
+                if gone:
+                    setattr(chain, name, deque(e for e in held if not hit(e)))
+                    dropped.extend(gone)
             for qid in qids:
                 chain.parked.pop(qid, None)
             if chain.head is not None and hit(chain.head):

@@ -10,10 +10,15 @@ from cproxy.model import Message, MessageRef
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One message handed out to a consumer: ``attempt`` starts at 1."""
+    """One message handed out to a consumer: ``attempt`` starts at 1.
+
+    ``run`` is the position, in the same pull's answer, of the first message of the
+    same-key run this message belongs to (its own position when it is not in a run).
+    """
 
     message: Message
     attempt: int
+    run: int = 0
 
 
 class Outcome(NamedTuple):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
@@ -100,6 +101,50 @@ async def test_order_per_value_with_8_pullers_and_random_fails(
     if order_by != "none":
         chains = {v for v in log.values.values()}
         assert len(chains) > 1
+
+
+@pytest.mark.parametrize("order_by", list(MODES))
+async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
+    server: RunningServer, order_by: str
+) -> None:
+    make, value_of = MODES[order_by]
+    with server.client() as client:
+        setup(
+            client,
+            {
+                "topics": {"t": {"order_by": order_by}},
+                "retry_backoff_ms": [5],
+                "max_attempts": 10,
+            },
+        )
+        produce(client, [make(i) for i in range(600)])
+        log = Log()
+        stop = anyio.Event()
+        async with anyio.create_task_group() as tg:
+            for seed in range(8):
+                tg.start_soon(
+                    functools.partial(
+                        consume,
+                        server.url,
+                        "g",
+                        log,
+                        value_of,
+                        stop,
+                        fail_rate=0.1,
+                        max_attempts=3,
+                        seed=seed,
+                        max_per_key=8,
+                    )
+                )
+            deadline = time.monotonic() + 60
+            while not await anyio.to_thread.run_sync(drained, client):
+                assert time.monotonic() < deadline, "not drained in 60 s"
+                await anyio.sleep(0.05)
+            stop.set()
+    assert len(log.acked_at) == 600, "every message acked"
+    assert order_violations(log) == []
+    if order_by != "none":
+        assert log.runs, "some answers carried same-key runs"
 
 
 def test_a_stuck_or_failing_key_does_not_delay_other_keys(server: RunningServer) -> None:

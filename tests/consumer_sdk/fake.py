@@ -119,13 +119,22 @@ class FakeServer:
     def _apply(self, results: list[dict[str, Any]]) -> dict[str, Any]:
         applied, unknown = 0, []
         for r in results:
-            outcomes = [(a, None, True) for a in r.get("acks", [])]
+            # Plain offsets are unfenced; {"offset", "attempt"} answers only that delivery.
+            outcomes: list[tuple[int, str | None, bool, int | None]] = []
+            for a in r.get("acks", []):
+                if isinstance(a, int):
+                    outcomes.append((a, None, True, None))
+                else:
+                    outcomes.append((a["offset"], None, True, a.get("attempt")))
             for f in r.get("fails", []):
-                offset, error = (f, None) if isinstance(f, int) else (f["offset"], f.get("error"))
-                outcomes.append((offset, error, False))
-            for offset, error, ok in outcomes:
+                if isinstance(f, int):
+                    outcomes.append((f, None, False, None))
+                else:
+                    outcomes.append((f["offset"], f.get("error"), False, f.get("attempt")))
+            for offset, error, ok, attempt in outcomes:
                 found = self._find(r["topic"], r["qid"], offset)
-                if found is None or found[1].state != "in_flight":
+                stale = found is not None and attempt is not None and attempt != found[1].attempt
+                if found is None or found[1].state != "in_flight" or stale:
                     unknown.append({"topic": r["topic"], "qid": r["qid"], "offset": offset})
                     continue
                 applied += 1

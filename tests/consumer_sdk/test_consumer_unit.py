@@ -96,6 +96,24 @@ def test_handles_each_key_in_order_across_workers_with_failures() -> None:
     assert (stats.acked, stats.failed, stats.outstanding, stats.pending_results) == (60, 4, 0, 0)
 
 
+def test_every_result_names_the_attempt_it_answers() -> None:
+    fake = make_fake()
+    for n in range(6):
+        fake.produce("rides", {"n": n}, key=f"k{n}")
+    recorder = KeyOrderRecorder(fail_first=frozenset({2}))
+    with consumer(fake, recorder, concurrency=2):
+        wait_for(lambda: done(fake))
+    sent = [
+        item
+        for method, path, body in fake.calls
+        if method == "POST" and path.endswith(("/pull", "/ack")) and body
+        for r in body.get("results", [])
+        for item in (*r["acks"], *r["fails"])
+    ]
+    assert sent and all(isinstance(i, dict) and i["attempt"] >= 1 for i in sent)
+    assert {"offset": 2, "attempt": 2} in sent  # the retried message's ack is fenced to it
+
+
 def test_stop_mid_stream_finishes_handlers_and_flushes_results() -> None:
     fake = make_fake()
     for n in range(200):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -84,6 +85,58 @@ def test_key_order_holds_across_workers_and_failures(server: RunningServer) -> N
         assert ns == sorted(ns), key
     assert consumer.stats().failed == len([n for n in range(200) if n % 11 == 0])
     wait_until(lambda: fully_acked(server.url, "billing"), message="acked")
+
+
+def test_same_key_runs_are_handled_in_order_by_both_consumers(server: RunningServer) -> None:
+    with Producer(server.url) as producer:
+        producer.create_topic("runs", 2)
+        producer.send_batch("runs", [{"qid": n % 2, "body": {"n": n}} for n in range(300)])
+    checker = OrderChecker(lambda m: m.qid, fail_first=lambda n: n % 13 == 0)
+    group = {"topics": {"runs": {"order_by": "qid"}}, **FAST_GROUP}
+    consumer = Consumer(
+        server.url,
+        group="serial",
+        handler=checker,
+        concurrency=4,
+        wait_ms=200,
+        max_per_key=16,
+        ensure_group=group,
+    )
+    with consumer:
+        wait_until(lambda: checker.count() == 300, 30, message="all handled")
+    assert checker.overlaps == 0
+    for qid, ns in checker.handled.items():
+        assert ns == sorted(ns) and len(ns) == 150, qid
+    # Runs cut the round trips: far fewer pulls than the 300 one-message hops of qid order.
+    assert consumer.stats().pulls < 150
+    wait_until(lambda: fully_acked(server.url, "serial"), message="acked")
+
+
+async def test_async_consumer_handles_runs_in_order(server: RunningServer) -> None:
+    async with AsyncProducer(server.url) as producer:
+        await producer.create_topic("aruns", 1)
+        await producer.send_batch("aruns", [{"key": "k", "body": {"n": n}} for n in range(100)])
+    seen: list[int] = []
+
+    async def handle(msg: Message) -> None:
+        if msg.attempt == 1 and msg.body["n"] % 17 == 5:
+            raise ValueError("boom")
+        seen.append(msg.body["n"])
+
+    group = {"topics": {"aruns": {"order_by": "key"}}, **FAST_GROUP}
+    async with AsyncConsumer(
+        server.url,
+        group="aserial",
+        handler=handle,
+        max_per_key=8,
+        wait_ms=200,
+        ensure_group=group,
+    ):
+        for _ in range(600):
+            if len(seen) == 100:
+                break
+            await asyncio.sleep(0.05)
+    assert seen == list(range(100))
 
 
 def test_json_path_order_holds_across_workers_and_failures(server: RunningServer) -> None:

@@ -9,8 +9,9 @@ import pytest
 from tests.engine.harness import Harness
 
 
+@pytest.mark.parametrize("per_key", [1, 4])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload_keeps_order_bound_and_counts(seed: int) -> None:
+def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -> None:
     rng = random.Random(seed)
     max_buffered = rng.choice([5, 12, 40])
     h = Harness(
@@ -33,17 +34,27 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int) -> None:
             if rng.random() < 0.5:
                 h.engine.offer("t", m.qid, [m])
         elif op < 0.75:
-            got = h.pull(rng.randrange(1, 8))
+            h.fetch()
+            got = h.engine.pull(rng.randrange(1, 8), None, h.now, max_per_key=per_key)
             values = [d.message.key for d in got if d.message.key is not None]
-            assert len(values) == len(set(values)), "two messages of one key in one pull"
+            if per_key == 1:
+                assert len(values) == len(set(values)), "two messages of one key in one pull"
+            before = dict(in_flight)
             for d in got:
                 ref = (d.message.qid, d.message.offset)
                 if d.message.key is not None:
-                    busy = [r for r, k in in_flight.items() if k == d.message.key and r != ref]
+                    busy = [r for r, k in before.items() if k == d.message.key and r != ref]
                     assert not busy, f"{d.message.key} handed out while {busy} in flight"
                 in_flight[ref] = d.message.key
+            stopped: set[str | None] = set()  # keys whose run the consumer stopped handling
             for d in got:
+                if d.message.key in stopped:
+                    continue
+                if d.message.key is not None and per_key > 1:
+                    # Handled in order: anything but an ack ends this key's run here.
+                    stopped.add(d.message.key)
                 if rng.random() < 0.8:
+                    stopped.discard(d.message.key)
                     if h.ack(d).applied:
                         acked.setdefault(d.message.key, []).append(
                             (d.message.qid, d.message.offset)
@@ -51,6 +62,8 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int) -> None:
                     in_flight.pop((d.message.qid, d.message.offset), None)
                 elif rng.random() < 0.5:
                     h.fail(d)
+                    for ref in [r for r, k in in_flight.items() if k == d.message.key]:
+                        del in_flight[ref]  # the rest of a run went back with it
                     in_flight.pop((d.message.qid, d.message.offset), None)
         else:
             h.advance(rng.choice([1, 30, 60, 1000]))
@@ -67,7 +80,8 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int) -> None:
     # Drain: everything produced ends acked, each key in produce order.
     for _ in range(10_000):
         h.advance(6_000)
-        got = h.pull(50)
+        h.fetch()
+        got = h.engine.pull(50, None, h.now, max_per_key=per_key)
         if not got and h.engine.stats().buffered == 0:
             break
         for d in got:
