@@ -9,6 +9,7 @@ import functools
 import logging
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -256,8 +257,13 @@ class Database:
             _translated(conn.close)
 
     async def ping(self) -> bool:
+        """True when a real write commits: a one-row upsert in ``meta`` through the writer.
+
+        A read alone would pass on a read-only database or a full disk, where every append
+        fails; the probe costs one tiny transaction per readiness check.
+        """
         try:
-            await self.read(lambda conn: conn.execute("SELECT 1").fetchone())
+            await self.write(_write_probe)
         except StoreError:
             return False
         return True
@@ -289,6 +295,13 @@ class Database:
     def on_commit(self, action: Callable[[], None]) -> None:
         """Run ``action`` after the running write commits (never on rollback)."""
         self._writer.on_commit(action)
+
+
+def _write_probe(conn: sqlite3.Connection) -> None:
+    # A changing value, so the page really is rewritten (and the WAL appended to).
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (k, v) VALUES ('ready_probe', ?)", (str(time.time_ns()),)
+    )
 
 
 def _translated(fn: Callable[[], T]) -> T:
