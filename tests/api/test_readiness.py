@@ -1,14 +1,18 @@
 """``/readyz`` reflects whether writes succeed, not just whether the store answers a read.
 
-Three real failures, each through the real SQLite store of a real server:
+Real failures, each through the real SQLite store of a real server:
 
-- a read-only database: ``PRAGMA query_only`` on the store's writer connection makes SQLite
-  refuse every write with SQLITE_READONLY, exactly as a read-only file or mount does (a
-  portable stand-in: tests run as users who cannot remount or chattr);
-- a database that cannot grow: ``PRAGMA max_page_count`` makes SQLite fail appends with
-  SQLITE_FULL ("database or disk is full") while the tiny readiness probe, which rewrites an
-  existing page, still passes: only the broker's memory of failed appends catches this;
-- a full disk for real: a small tmpfs filled up (needs root to mount; skipped otherwise).
+- a full disk: a small tmpfs filled up (needs root to mount; skipped otherwise). The store's
+  readiness probe (a one-row write on its own connection) fails, and so do appends;
+- a writer that cannot write: ``PRAGMA query_only`` on the store's writer connection makes
+  every append fail with SQLITE_READONLY, as a read-only database does; the broker remembers
+  the failed append and ``/readyz`` says 503 until an append succeeds;
+- a database that cannot grow: ``PRAGMA max_page_count`` makes appends fail with SQLITE_FULL
+  ("database or disk is full") while the tiny probe, which rewrites an existing page, passes.
+
+Not here: a database file made read-only under a running server (chmod, chattr +i). SQLite
+reuses the process's open descriptors, so that only bites a new process; and a filesystem
+cannot be remounted read-only while files on it are open for writing.
 """
 
 from __future__ import annotations
@@ -44,27 +48,6 @@ def readyz(client: httpx.Client) -> int:
 def produce(client: httpx.Client, count: int = 1, size: int = 10) -> httpx.Response:
     messages = [{"body": "x" * size} for _ in range(count)]
     return client.post("/v1/topics/t/messages", json={"messages": messages})
-
-
-def test_read_only_database_is_not_ready(server: RunningServer) -> None:
-    with fresh_client(server) as client:
-        create_topic(client, "t")
-        assert readyz(client) == 200
-        conn = writer_connection(server)
-        conn.execute("PRAGMA query_only = ON")
-        try:
-            # The probe's own write fails: not ready, though every read still works.
-            response = client.get("/readyz")
-            assert response.status_code == 503 and response.json()["status"] == "unavailable"
-            assert client.get("/v1/topics/t").status_code == 200
-            assert_error(produce(client), 503, "store_unavailable")
-            assert readyz(client) == 503
-        finally:
-            conn.execute("PRAGMA query_only = OFF")
-        # Writable again, but an append failed a moment ago: still not ready until one works.
-        assert readyz(client) == 503
-        assert produce(client).status_code == 200
-        assert readyz(client) == 200
 
 
 def test_failed_appends_keep_readyz_503_while_the_probe_passes(
@@ -132,6 +115,7 @@ def test_full_disk_is_not_ready(server_factory: ServerFactory, tmp_path: Path) -
                 assert produce(client).status_code == 200
                 assert readyz(client) == 200
                 filler = fill(disk)
+                assert readyz(client) == 503  # the probe alone sees it: no append failed yet
                 assert_error(produce(client, count=200, size=2000), 503, "store_unavailable")
                 assert readyz(client) == 503
                 filler.unlink()
@@ -139,3 +123,19 @@ def test_full_disk_is_not_ready(server_factory: ServerFactory, tmp_path: Path) -
                 assert readyz(client) == 200
         finally:
             server.stop()
+
+
+def test_failed_appends_are_remembered_until_one_succeeds(server: RunningServer) -> None:
+    with fresh_client(server) as client:
+        create_topic(client, "t")
+        conn = writer_connection(server)
+        conn.execute("PRAGMA query_only = ON")
+        try:
+            assert_error(produce(client), 503, "store_unavailable")
+            assert readyz(client) == 503
+        finally:
+            conn.execute("PRAGMA query_only = OFF")
+        # Writable again, but an append failed a moment ago: not ready until one works.
+        assert readyz(client) == 503
+        assert produce(client).status_code == 200
+        assert readyz(client) == 200
