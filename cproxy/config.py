@@ -39,8 +39,21 @@ from typing import Any, Final, Literal
 from cproxy.engine.config import GroupConfig
 from cproxy.errors import ConfigError, InvalidRequest
 
-TOPIC_NAME: Final = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
+#: Topic and group names: 1..200 of ``A-Z a-z 0-9 . _ -``, but not dots alone (``.`` and
+#: ``..`` read as path segments: clients rewrite them, and they name nothing useful).
+TOPIC_NAME: Final = re.compile(r"^(?!\.+\Z)[A-Za-z0-9._-]{1,200}\Z")
 GROUP_NAME: Final = TOPIC_NAME
+#: How a refused name is explained (the regex above, in words).
+NAME_RULE: Final = "1-200 characters of A-Z a-z 0-9 . _ -, not only dots"
+
+
+def check_name(kind: str, name: str) -> str:
+    """Return ``name`` if it is a valid topic/group name; else raise ``InvalidRequest`` (422)."""
+    if not TOPIC_NAME.match(name):
+        raise InvalidRequest(f"{kind} name {name!r} is invalid: use {NAME_RULE}")
+    return name
+
+
 MAX_QUEUES: Final = 1024
 MiB: Final = 1024 * 1024
 
@@ -197,14 +210,14 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
     topics: dict[str, int] = {}
     for name, spec in dict(raw.get("topics", {})).items():
         if not TOPIC_NAME.match(name):
-            raise ConfigError(f"topic name {name!r} must match {TOPIC_NAME.pattern}")
+            raise ConfigError(f"topic name {name!r} is invalid: use {NAME_RULE}")
         if not isinstance(spec, Mapping) or set(spec) != {"queues"}:
             raise ConfigError(f"topics.{name} must be a table with exactly 'queues'")
         topics[name] = _check_int(f"topics.{name}.queues", spec["queues"], 1, MAX_QUEUES)
     groups: dict[str, GroupConfig] = {}
     for name, spec in dict(raw.get("groups", {})).items():
         if not GROUP_NAME.match(name):
-            raise ConfigError(f"group name {name!r} must match {GROUP_NAME.pattern}")
+            raise ConfigError(f"group name {name!r} is invalid: use {NAME_RULE}")
         if not isinstance(spec, Mapping):
             raise ConfigError(f"groups.{name} must be a table")
         try:

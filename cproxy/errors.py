@@ -90,6 +90,12 @@ class Unauthorized(AuthError):
     code = "unauthorized"
 
 
+class InvalidToken(Unauthorized):
+    """A bearer token nobody configured (401 with ``error="invalid_token"``)."""
+
+    code = "unauthorized"
+
+
 class Forbidden(AuthError):
     """A valid token used outside its role or scope (maps to 403)."""
 

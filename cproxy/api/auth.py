@@ -1,4 +1,4 @@
-"""Bearer-token auth: roles and topic/group scopes.
+"""Bearer-token auth: roles and topic/group scopes, decided here and nowhere else.
 
 =================  =====  ========  ========
 action             admin  producer  consumer
@@ -10,10 +10,16 @@ use a group        yes    no        scoped
 delete a group     yes    no        no
 =================  =====  ========  ========
 
-"Use a group" is everything under ``/v1/groups/{group}`` but DELETE: create/update it, pull,
-ack, extend, seek, dead letters and blocked keys; every topic the group reads must be in the
-token's topic scope (a group hands out all of them). A scope of ``None`` means any name.
-With no tokens configured, auth is off.
+"Use a group" is everything under ``/v1/groups/{group}`` but DELETE: create/update it, read
+it, pull, ack, extend, seek, dead letters and blocked keys. The token's group scope must name
+the group, and every topic the group reads must be in the token's topic scope (a group hands
+out all of them). A scope of ``None`` means any name. With no tokens configured, auth is off.
+
+Scopes follow the items too, not only the path: a topic named in a query or a body must be in
+the token's topic scope (403 otherwise), and listings keep only what the same token could
+read one by one (``visible_topics``, ``visible_groups``, ``topic_scope`` for dead letters a
+group kept from topics it no longer reads). So a list never shows what a GET refuses.
+See docs/auth.md for the per-endpoint table.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from fastapi import Request
 
 from cproxy.broker.broker import GroupSummary
 from cproxy.config import Settings, Token
-from cproxy.errors import Forbidden, Unauthorized
+from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo
 
 Action = Literal["read_topics", "create_topic", "produce", "use_group", "delete_group"]
@@ -46,31 +52,50 @@ class Authorizer:
         self._tokens = {t.token: t for t in settings.tokens}
 
     def identify(self, header: str | None) -> Token | None:
-        """The token behind an ``Authorization`` header; raises ``Unauthorized``."""
+        """The token behind an ``Authorization`` header.
+
+        Raises ``Unauthorized`` when no bearer token is given and ``InvalidToken`` (also a
+        401, with ``error="invalid_token"`` in ``WWW-Authenticate``) for one nobody configured.
+        """
         if not self.enabled:
             return None
-        if not header or not header.lower().startswith("bearer "):
+        scheme, _, rest = (header or "").strip().partition(" ")
+        presented = rest.strip()
+        if scheme.lower() != "bearer" or not presented:
             raise Unauthorized("missing 'Authorization: Bearer <token>' header")
-        presented = header[7:].strip()
         for secret, token in self._tokens.items():
             # Constant-time compare so response timing reveals nothing about tokens.
             if hmac.compare_digest(secret.encode(), presented.encode()):
                 return token
-        raise Unauthorized("unknown token")
+        raise InvalidToken("unknown token")
 
-    def visible_topics(self, token: Token | None, topics: Iterable[TopicInfo]) -> list[TopicInfo]:
-        """The topics a token may see in a listing (the same rule as reading one)."""
-        if token is None or token.role == "admin" or token.topics is None:
-            return list(topics)
-        return [t for t in topics if t.name in token.topics]
+    # -- the rule --------------------------------------------------------------------------------
+    @staticmethod
+    def _refusal(
+        token: Token, action: Action, topics: Iterable[str], group: str | None
+    ) -> str | None:
+        """Why ``token`` may not do ``action`` on these names, or None if it may."""
+        if token.role not in _ROLES[action]:
+            return f"token {token.name!r} (role {token.role}) may not {action}"
+        if token.role == "admin":
+            return None
+        if token.topics is not None:
+            outside = sorted(set(topics) - token.topics)
+            if outside:
+                return f"token {token.name!r} is not allowed on topic(s) {outside}"
+        if group is not None and token.groups is not None and group not in token.groups:
+            return f"token {token.name!r} is not allowed on group {group!r}"
+        return None
 
-    def visible_groups(
-        self, token: Token | None, groups: Iterable[GroupSummary]
-    ) -> list[GroupSummary]:
-        """The groups a token may see in a listing."""
-        if token is None or token.role == "admin":
-            return list(groups)
-        return [g for g in groups if token.groups is None or g.name in token.groups]
+    def allows(
+        self,
+        token: Token | None,
+        action: Action,
+        topics: Iterable[str] = (),
+        group: str | None = None,
+    ) -> bool:
+        """Whether ``token`` may do ``action`` on these names (what ``check`` enforces)."""
+        return token is None or self._refusal(token, action, topics, group) is None
 
     def check(
         self,
@@ -82,16 +107,42 @@ class Authorizer:
         """Raise ``Forbidden`` unless ``token`` may do ``action`` on these names."""
         if token is None:
             return
-        if token.role not in _ROLES[action]:
-            raise Forbidden(f"token {token.name!r} (role {token.role}) may not {action}")
-        if token.role == "admin":
+        reason = self._refusal(token, action, topics, group)
+        if reason is not None:
+            raise Forbidden(reason)
+
+    def check_topics(self, token: Token | None, topics: Iterable[str | None]) -> None:
+        """Raise ``Forbidden`` if a topic named in a query or body is outside the scope.
+
+        ``None`` entries (an optional filter left out) are ignored. Only the topic scope is
+        checked: the route's dependency already checked the role and the group.
+        """
+        scope = self.topic_scope(token)
+        if scope is None:
             return
-        if token.topics is not None:
-            outside = sorted(set(topics) - token.topics)
-            if outside:
-                raise Forbidden(f"token {token.name!r} is not allowed on topic(s) {outside}")
-        if group is not None and token.groups is not None and group not in token.groups:
-            raise Forbidden(f"token {token.name!r} is not allowed on group {group!r}")
+        outside = sorted({t for t in topics if t is not None} - scope)
+        if outside:
+            assert token is not None
+            raise Forbidden(f"token {token.name!r} is not allowed on topic(s) {outside}")
+
+    # -- listings: the same rule, item by item -----------------------------------------------------
+    def topic_scope(self, token: Token | None) -> frozenset[str] | None:
+        """The topics whose messages ``token`` may see, or None for any topic."""
+        if token is None or token.role == "admin":
+            return None
+        return token.topics
+
+    def visible_topics(self, token: Token | None, topics: Iterable[TopicInfo]) -> list[TopicInfo]:
+        """The topics a token may see in a listing: those ``GET /v1/topics/{name}`` allows."""
+        return [t for t in topics if self.allows(token, "read_topics", [t.name])]
+
+    def visible_groups(
+        self, token: Token | None, groups: Iterable[GroupSummary]
+    ) -> list[GroupSummary]:
+        """The groups a token may see in a listing: those ``GET /v1/groups/{name}`` allows
+        (the group in its group scope and every topic the group reads in its topic scope;
+        none for a producer, which cannot use groups)."""
+        return [g for g in groups if self.allows(token, "use_group", g.topics, g.name)]
 
 
 def require(action: Action) -> Callable[[Request], Awaitable[Token | None]]:

@@ -1,8 +1,8 @@
 """Map every error to the JSON error body ``{"error": {"code", "message"}}``.
 
-Domain errors map by class; request validation errors become 400 (not JSON at all) or 422
-(JSON of the wrong shape); anything unexpected is logged with its traceback and becomes a
-500 that reveals nothing.
+Domain errors map by class (a 401 also carries an RFC 6750 ``WWW-Authenticate`` challenge);
+request validation errors become 400 (not JSON at all) or 422 (JSON of the wrong shape);
+anything unexpected is logged with its traceback and becomes a 500 that reveals nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ from cproxy import errors
 from .wire import error as error_response
 
 logger = logging.getLogger(__name__)
+
+#: The realm named in ``WWW-Authenticate`` challenges.
+REALM = "cproxy"
 
 STATUS: dict[type[errors.CproxyError], int] = {
     errors.InvalidRequest: 422,
@@ -57,7 +60,19 @@ async def _cproxy_error(request: Request, exc: Exception) -> Response:
         logger.warning(
             "%s %s -> %d %s: %s", request.method, request.url.path, status, exc.code, exc.message
         )
-    return error_response(status, exc.code, exc.message)
+    response = error_response(status, exc.code, exc.message)
+    if isinstance(exc, errors.Unauthorized):
+        response.headers["WWW-Authenticate"] = challenge(exc)
+    return response
+
+
+def challenge(exc: errors.Unauthorized) -> str:
+    """The RFC 6750 ``WWW-Authenticate`` value of a 401: the realm, plus
+    ``error="invalid_token"`` when a bearer token was given but nobody configured it (no
+    error code when no credentials came, as RFC 6750 section 3.1 asks)."""
+    if isinstance(exc, errors.InvalidToken):
+        return f'Bearer realm="{REALM}", error="invalid_token"'
+    return f'Bearer realm="{REALM}"'
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:

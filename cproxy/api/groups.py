@@ -11,20 +11,29 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Query, Request
 from starlette.responses import Response
 
-from cproxy.config import GROUP_NAME, Token
+from cproxy.config import Token, check_name
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
 
 from . import wire
-from .auth import require
+from .auth import Authorizer, require
 from .deps import BrokerDep
 from .routing import CproxyRoute
 from .schemas import Ack, BlockedKeyAction, Extend, Pull, QueueResults, Redrive, Seek
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
+#: The token, once it passed the group's check (role, group scope, the group's topics).
+GroupToken = Annotated[Token | None, UseGroup]
+
+
+def _scoped(request: Request, token: Token | None, *named: str | None) -> Authorizer:
+    """Refuse (403) topics named in the query or body outside the token's topic scope."""
+    authorizer: Authorizer = request.app.state.authorizer
+    authorizer.check_topics(token, named)
+    return authorizer
 
 
 def _results(items: list[QueueResults]) -> list[Result]:
@@ -53,9 +62,8 @@ def _results(items: list[QueueResults]) -> list[Result]:
 
 @router.get("", summary="List groups (extension)")
 async def list_groups(request: Request, broker: BrokerDep) -> Response:
-    visible = request.app.state.authorizer.visible_groups(
-        request.state.token, broker.list_groups()
-    )
+    authorizer: Authorizer = request.app.state.authorizer
+    visible = authorizer.visible_groups(request.state.token, broker.list_groups())
     return wire.json_response(wire.group_list(visible))
 
 
@@ -64,11 +72,10 @@ async def put_group(
     group: str,
     request: Request,
     broker: BrokerDep,
-    token: Annotated[Token | None, UseGroup],
+    token: GroupToken,
     body: Annotated[dict[str, Any], Body(examples=[{"topics": {"orders": {"order_by": "key"}}}])],
 ) -> Response:
-    if not GROUP_NAME.match(group):
-        raise InvalidRequest(f"group name must match {GROUP_NAME.pattern}")
+    check_name("group", group)
     config = GroupConfig.from_dict(body)
     request.app.state.authorizer.check(token, "use_group", config.topics, group)
     effective, _ = await broker.put_group(group, config)
@@ -90,10 +97,11 @@ async def delete_group(group: str, broker: BrokerDep) -> Response:
     return wire.json_response({"deleted": group})
 
 
-@router.post(
-    "/{group}/pull", summary="Apply results, then pull (long poll)", dependencies=[UseGroup]
-)
-async def pull(group: str, body: Pull, broker: BrokerDep) -> Response:
+@router.post("/{group}/pull", summary="Apply results, then pull (long poll)")
+async def pull(
+    group: str, body: Pull, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, *(body.topics or ()), *(r.topic for r in body.results))
     result = await broker.pull(
         group,
         body.max_messages,
@@ -105,62 +113,81 @@ async def pull(group: str, body: Pull, broker: BrokerDep) -> Response:
     return wire.json_response(wire.pull_result(result, runs=body.max_per_key > 1))
 
 
-@router.post("/{group}/ack", summary="Apply acks and fails", dependencies=[UseGroup])
-async def ack(group: str, body: Ack, broker: BrokerDep) -> Response:
+@router.post("/{group}/ack", summary="Apply acks and fails")
+async def ack(
+    group: str, body: Ack, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, *(r.topic for r in body.results))
     return wire.json_response(wire.outcome(broker.ack(group, _results(body.results))))
 
 
 @router.post(
     "/{group}/extend",
     summary="Extend the ack deadline of in-flight messages",
-    dependencies=[UseGroup],
 )
-async def extend(group: str, body: Extend, broker: BrokerDep) -> Response:
+async def extend(
+    group: str, body: Extend, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, *(m.topic for m in body.messages))
     refs: list[MessageRef] = [(m.topic, m.qid, m.offset) for m in body.messages]
     attempts = {(m.topic, m.qid, m.offset): m.attempt for m in body.messages if m.attempt}
     outcome = broker.extend(group, refs, body.ack_timeout_ms, attempts or None)
     return wire.json_response(wire.outcome(outcome))
 
 
-@router.post("/{group}/seek", summary="Move the group's position", dependencies=[UseGroup])
-async def seek(group: str, body: Seek, broker: BrokerDep) -> Response:
+@router.post("/{group}/seek", summary="Move the group's position")
+async def seek(
+    group: str, body: Seek, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, body.topic)
     to = body.to if isinstance(body.to, str | int) else {"timestamp_ms": body.to.timestamp_ms}
     targets = await broker.seek(group, body.topic, body.qid, to)
     return wire.json_response(wire.seek(body.topic, targets))
 
 
-@router.get("/{group}/dead-letters", summary="List dead letters", dependencies=[UseGroup])
+@router.get("/{group}/dead-letters", summary="List dead letters (of topics in the token's scope)")
 async def dead_letters(
     group: str,
+    request: Request,
     broker: BrokerDep,
+    token: GroupToken,
     topic: str | None = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
 ) -> Response:
-    return wire.json_response(wire.dead_letters(await broker.dead_letters(group, topic, limit)))
+    # A group keeps dead letters of topics it no longer reads: filter by each one's topic.
+    within = _scoped(request, token, topic).topic_scope(token)
+    rows = await broker.dead_letters(group, topic, limit, within)
+    return wire.json_response(wire.dead_letters(rows))
 
 
-@router.post(
-    "/{group}/dead-letters/redrive", summary="Deliver dead letters again", dependencies=[UseGroup]
-)
+@router.post("/{group}/dead-letters/redrive", summary="Deliver dead letters again")
 async def redrive(
-    group: str, broker: BrokerDep, body: Annotated[Redrive | None, Body()] = None
+    group: str,
+    request: Request,
+    broker: BrokerDep,
+    token: GroupToken,
+    body: Annotated[Redrive | None, Body()] = None,
 ) -> Response:
-    count = await broker.redrive(group, body.topic if body else None)
+    topic = body.topic if body else None
+    within = _scoped(request, token, topic).topic_scope(token)
+    count = await broker.redrive(group, topic, within)
     return wire.json_response({"redriven": count})
 
 
 @router.get(
     "/{group}/blocked-keys",
     summary="Order values whose head is not acked yet",
-    dependencies=[UseGroup],
 )
 async def blocked_keys(
     group: str,
+    request: Request,
     broker: BrokerDep,
+    token: GroupToken,
     topic: str | None = None,
     min_blocked_ms: Annotated[int, Query(ge=0)] = 0,
     limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
 ) -> Response:
+    _scoped(request, token, topic)
     rows = broker.blocked_keys(group, topic, min_blocked_ms, limit)
     return wire.json_response(wire.blocked_keys(rows))
 
@@ -173,10 +200,11 @@ def _target(body: BlockedKeyAction) -> tuple[str | None, MessageRef | None]:
     return None, (body.topic, body.qid, body.offset)
 
 
-@router.post(
-    "/{group}/blocked-keys/skip", summary="Dead-letter a blocked head", dependencies=[UseGroup]
-)
-async def skip(group: str, body: BlockedKeyAction, broker: BrokerDep) -> Response:
+@router.post("/{group}/blocked-keys/skip", summary="Dead-letter a blocked head")
+async def skip(
+    group: str, body: BlockedKeyAction, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, body.topic)
     value, ref = _target(body)
     return wire.json_response(wire.ref("skipped", broker.skip(group, body.topic, value, ref)))
 
@@ -184,8 +212,10 @@ async def skip(group: str, body: BlockedKeyAction, broker: BrokerDep) -> Respons
 @router.post(
     "/{group}/blocked-keys/release",
     summary="Retry a blocked head now with a fresh attempt budget",
-    dependencies=[UseGroup],
 )
-async def release(group: str, body: BlockedKeyAction, broker: BrokerDep) -> Response:
+async def release(
+    group: str, body: BlockedKeyAction, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, body.topic)
     value, ref = _target(body)
     return wire.json_response(wire.ref("released", broker.release(group, body.topic, value, ref)))

@@ -16,8 +16,11 @@ async def healthz() -> Response:
     return json_response({"status": "ok"})
 
 
-@router.get("/readyz", summary="The store is open and the broker takes work")
+@router.get("/readyz", summary="The broker takes work and the store takes writes")
 async def readyz(broker: BrokerDep) -> Response:
+    """200 ``{"status": "ready"}``, or 503 ``{"status": "unavailable"}`` while shutting down,
+    when the store's write probe fails (read-only database, full disk) or shortly after an
+    append failed (see ``Broker.ready``)."""
     if await broker.ready():
         return json_response({"status": "ready"})
     return json_response({"status": "unavailable"}, 503)

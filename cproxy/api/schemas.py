@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+from cproxy.config import check_name
+from cproxy.errors import InvalidRequest
 
 #: Offsets and qids: JSON integers the store can hold (signed 64-bit).
 NonNegative = Annotated[StrictInt, Field(ge=0, le=2**63 - 1)]
@@ -18,8 +21,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _topic_name(name: str) -> str:
+    try:
+        return check_name("topic", name)
+    except InvalidRequest as exc:
+        raise ValueError(exc.message) from None  # pydantic reports it: 422 validation_error
+
+
 class CreateTopic(_Strict):
-    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9._-]{1,200}$")]
+    name: Annotated[StrictStr, AfterValidator(_topic_name)]
     queues: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
 
 

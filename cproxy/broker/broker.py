@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -23,7 +23,13 @@ from cproxy.config import Settings
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
-from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
+from cproxy.errors import (
+    GroupNotFound,
+    InvalidRequest,
+    ShuttingDown,
+    StoreError,
+    TopicNotFound,
+)
 from cproxy.model import (
     AppendResult,
     DeadLetter,
@@ -40,6 +46,11 @@ from .clock import now_ms
 from .runner import GroupRunner, PullResult
 
 logger = logging.getLogger(__name__)
+
+#: How long a failed append keeps ``ready()`` false (unless an append succeeds first). The
+#: store's probe write can pass while bigger writes fail (a disk with a few pages left); after
+#: this long without producer traffic the probe alone decides, so readiness never sticks.
+WRITE_FAILURE_HOLD_MS = 10_000
 
 
 SeekTarget = str | int | dict[str, int]
@@ -85,6 +96,8 @@ class Broker:
         self._on_produced = on_produced
         self._on_pull = on_pull
         self.accepting = False
+        #: ``now_ms()`` of the last append that failed with ``StoreError``, None after a success.
+        self._append_failed_at_ms: int | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -136,7 +149,15 @@ class Broker:
         )
 
     async def ready(self) -> bool:
-        """The broker takes work and its store answers (``/readyz``)."""
+        """The broker takes work and writes succeed (``/readyz``).
+
+        False while shutting down, when the store's ping (a real write for SQLite) fails, and
+        for ``WRITE_FAILURE_HOLD_MS`` after an append failed with ``StoreError`` (unless an
+        append succeeded since).
+        """
+        failed_at = self._append_failed_at_ms
+        if failed_at is not None and now_ms() - failed_at < WRITE_FAILURE_HOLD_MS:
+            return False
         return self.accepting and await self.store.ping()
 
     def _check_open(self) -> None:
@@ -184,7 +205,14 @@ class Broker:
                 m.qid = partition_for_key(m.key, queues)
             else:
                 m.qid = next(rr) % queues
-        results = await self.store.append(topic, messages, now_ms(), self.settings.dedup_window_ms)
+        try:
+            results = await self.store.append(
+                topic, messages, now_ms(), self.settings.dedup_window_ms
+            )
+        except StoreError:
+            self._append_failed_at_ms = now_ms()
+            raise
+        self._append_failed_at_ms = None
         stored: dict[int, list[Message]] = {}
         for result in results:
             if result.message is not None:
@@ -339,15 +367,43 @@ class Broker:
         """Persist the group's progress and dead letters now (normally every interval)."""
         await self._runner(name).commit()
 
-    async def dead_letters(self, name: str, topic: str | None, limit: int) -> list[DeadLetter]:
+    async def dead_letters(
+        self, name: str, topic: str | None, limit: int, within: Collection[str] | None = None
+    ) -> list[DeadLetter]:
+        """The group's dead letters (of ``topic``, or all) in (topic, qid, offset) order.
+
+        ``within`` (a token's topic scope; None: any) keeps only dead letters of those
+        topics: a group keeps the dead letters of topics it no longer reads.
+        """
         # Flush first: a message just dead-lettered is listed at once (read your writes),
         # consistent with the group stats, which count pending dead letters too.
         await self.commit(name)
-        return await self.store.list_dead_letters(name, topic, limit)
+        if within is None or topic is not None:
+            if topic is not None and within is not None and topic not in within:
+                return []
+            return await self.store.list_dead_letters(name, topic, limit)
+        rows: list[DeadLetter] = []
+        for scoped in sorted(within):  # the store's order: topic names compare as bytes
+            rows += await self.store.list_dead_letters(name, scoped, limit - len(rows))
+            if len(rows) >= limit:
+                break
+        return rows
 
-    async def redrive(self, name: str, topic: str | None) -> int:
-        """Deliver the group's dead letters (of ``topic``, or all) again; returns how many."""
-        return await self._runner(name).redrive(topic)
+    async def redrive(
+        self, name: str, topic: str | None, within: Collection[str] | None = None
+    ) -> int:
+        """Deliver the group's dead letters (of ``topic``, or all) again; returns how many.
+
+        ``within`` (a token's topic scope; None: any) leaves dead letters of other topics
+        untouched.
+        """
+        runner = self._runner(name)
+        if within is None or topic is not None:
+            if topic is not None and within is not None and topic not in within:
+                return 0
+            return await runner.redrive(topic)
+        # Only dead letters of topics the group reads are delivered again; others stay put.
+        return sum([await runner.redrive(t) for t in sorted(runner.config.topics) if t in within])
 
     def blocked_keys(
         self, name: str, topic: str | None, min_blocked_ms: int, limit: int

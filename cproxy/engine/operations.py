@@ -8,6 +8,7 @@ derived from state.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
 from cproxy.engine.config import GroupConfig
@@ -81,8 +82,9 @@ class Operations:
             message = dead.message
             cur = self._reader.cursor(message.topic, message.qid)
             if cur is None:
-                # No longer subscribed: keep it a plain dead letter.
-                self._pending.dead_letters.append(dead)
+                # No longer subscribed: keep it a plain dead letter (listed again, not left
+                # marked as redriving, which would hide it for good).
+                self._pending.dead_letters.append(dataclasses.replace(dead, redriving=False))
                 continue
             if not cur.tracker.is_finished(message.offset):
                 # A seek put it back in the normal flow: it will be delivered anyway.

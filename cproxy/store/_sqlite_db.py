@@ -9,6 +9,7 @@ import functools
 import logging
 import sqlite3
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -256,10 +257,47 @@ class Database:
             _translated(conn.close)
 
     async def ping(self) -> bool:
-        try:
-            await self.read(lambda conn: conn.execute("SELECT 1").fetchone())
-        except StoreError:
+        """True when the database takes a write (``/readyz``); see ``_probe_sync``."""
+        if self._read_limiter is None:
             return False
+        return await to_thread.run_sync(self._probe_sync, limiter=self._read_limiter)
+
+    def _probe_sync(self) -> bool:
+        """Upsert one ``meta`` row in a write transaction on a fresh connection.
+
+        A read alone passes on a read-only database or a full disk, where every append fails.
+        The probe gets its own connection that never waits for locks, so it neither queues
+        behind the writer nor hangs on a lock: if the write lock is taken (our writer is busy,
+        or another process holds it) that is contention, not failure, and a read decides.
+        """
+        reader = self._reader
+        if reader is None:
+            return False
+        conn = None
+        try:
+            # mode=rw: never create a file that is gone; timeout=0: fail at once when busy.
+            conn = sqlite3.connect(f"{self.path.as_uri()}?mode=rw", uri=True, timeout=0)
+            conn.isolation_level = None
+            conn.execute("PRAGMA synchronous = NORMAL")
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if exc.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                    raise
+                reader.execute("SELECT 1").fetchone()
+                return True
+            # A changing value, so a page really is written (and the WAL appended to).
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (k, v) VALUES ('ready_probe', ?)",
+                (str(time.time_ns()),),
+            )
+            conn.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("SQLite store: readiness write probe failed: %s", exc)
+            return False
+        finally:
+            if conn is not None:
+                conn.close()
         return True
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
