@@ -68,8 +68,17 @@ class AppendResult:
 
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
+    """A topic and its retention (None: unbounded).
+
+    ``retention_ms``: messages produced longer ago than this are deleted. ``retention_bytes``:
+    per queue, the oldest messages are deleted while the queue stores more than this many
+    message bytes (body + headers + key + id, as ``store._retention.message_bytes`` counts).
+    """
+
     name: str
     queues: int
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+#: 2: topic retention (``topics.retention_ms``/``retention_bytes``), queue floors (``floors``),
+#: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
+SCHEMA_VERSION = 2
 
 # 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
 # so 4 KiB pages would push every 1 KB message into an extra page.
@@ -39,12 +41,25 @@ WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
 
+#: Tables added by schema version 2.
+_V2_TABLES = (
+    # The lowest offset kept of a queue that retention cut (absent: 0). It also keeps
+    # next offsets after a queue was emptied: the next offset is never below it.
+    """CREATE TABLE floors (
+        tid INTEGER NOT NULL, qid INTEGER NOT NULL, min_off INTEGER NOT NULL,
+        PRIMARY KEY (tid, qid)) WITHOUT ROWID""",
+    # Topics deleted whose messages may not all be deleted yet (``_sqlite_topics``).
+    "CREATE TABLE deleted_topics (tid INTEGER PRIMARY KEY)",
+)
+
 _TABLES = (
     "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID",
     """CREATE TABLE topics (
         tid INTEGER PRIMARY KEY,
         name TEXT NOT NULL UNIQUE,
-        queues INTEGER NOT NULL)""",
+        queues INTEGER NOT NULL,
+        retention_ms INTEGER,
+        retention_bytes INTEGER)""",
     # Keyed (tid, qid, off) without rowid: a read is one range scan of the clustered b-tree.
     """CREATE TABLE messages (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
@@ -67,7 +82,17 @@ _TABLES = (
         attempts INTEGER NOT NULL, last_error TEXT, dead_lettered_at_ms INTEGER NOT NULL,
         redriving INTEGER NOT NULL,
         PRIMARY KEY (grp, tid, qid, off)) WITHOUT ROWID""",
+    *_V2_TABLES,
 )
+
+#: version -> statements that take a file from ``version - 1`` to ``version``.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    2: (
+        "ALTER TABLE topics ADD COLUMN retention_ms INTEGER",
+        "ALTER TABLE topics ADD COLUMN retention_bytes INTEGER",
+        *_V2_TABLES,
+    ),
+}
 
 
 DEAD_LETTER_SELECT = """
@@ -101,6 +126,9 @@ def connect(
     try:
         # page_size only takes effect before the first table exists, i.e. on a new file.
         conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        if not reader:
+            # Same: before WAL mode writes the first page (``ensure_schema`` converts old files).
+            conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
         conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":
@@ -119,7 +147,12 @@ def connect(
 
 
 def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
-    """Create the schema in a new file, or check that an existing one is a version we know."""
+    """Create the schema in a new file, migrate an older one, refuse a newer one.
+
+    New files get ``auto_vacuum = INCREMENTAL`` (set by ``connect``: it only takes effect on an
+    empty file), so retention can give space back; an older file is converted once with a
+    ``VACUUM`` (which rewrites the whole file: it takes time and needs as much free disk again).
+    """
     conn.execute("BEGIN IMMEDIATE")
     try:
         has_meta = conn.execute(
@@ -140,13 +173,25 @@ def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
                     f"{path} has schema version {version}, newer than version {SCHEMA_VERSION} "
                     "that this cproxy understands; upgrade cproxy to open it"
                 )
-            if version < SCHEMA_VERSION:
-                raise StoreError(f"{path} has schema version {version}, which has no migration")
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                if target not in MIGRATIONS:
+                    raise StoreError(f"{path} has schema version {version}, which has no migration")
+                for statement in MIGRATIONS[target]:
+                    conn.execute(statement)
+                conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(target),))
+                logger.info("migrated SQLite store %s to schema v%d", path, target)
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+        logger.warning(
+            "converting %s to incremental auto-vacuum (one VACUUM; can take a while)", path
+        )
+        started = time.monotonic()
+        conn.execute("VACUUM")
+        logger.info("converted %s in %.1fs", path, time.monotonic() - started)
 
 
 class DirLock:

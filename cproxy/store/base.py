@@ -29,6 +29,15 @@ Rules of the log (``MessageLog``):
   ``now_ms - produced_at_ms < dedup_window_ms``; a window of 0 disables dedup.
 - ``produced_at_ms`` is non-decreasing per queue (the store clamps to the previous value), so
   ``offset_for_time`` can binary-search.
+- Retention (``TopicInfo.retention_ms`` / ``retention_bytes``; rules in ``_retention``): only
+  ``apply_retention`` deletes messages, oldest first, and each queue's ``min_offset`` is then
+  the lowest offset still stored (``next_offset`` when the queue is empty). Offsets are never
+  reused: ``next_offset`` survives its queue being emptied, and restarts. A read from below
+  ``min_offset`` returns messages from ``min_offset`` on; ``offset_for_time`` answers within
+  ``[min_offset, next_offset]``.
+- ``delete_topic`` removes the topic, its messages and dedup entries, and what groups kept of
+  it (progress and dead letters name a topic that no longer exists; the broker refuses while a
+  group reads it). The name can be created again, from offset 0.
 
 Rules of the group state (``GroupStateStore``):
 
@@ -81,12 +90,33 @@ class MessageLog(Lifecycle, Protocol):
     """Topics and their append-only queues of messages (see the module docstring's rules)."""
 
     # -- topics --------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> tuple[TopicInfo, bool]:
         """Create a topic; returns ``(info, created)``.
 
-        Same name and queue count again returns ``created=False``; a different queue count
-        raises ``TopicConflict``.
+        Same name and queue count again returns ``created=False`` and the stored info (its
+        retention unchanged: ``update_topic`` changes it); a different queue count raises
+        ``TopicConflict``. A retention bound that is not None or a positive integer raises
+        ``InvalidRequest``.
         """
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        """Set both retention bounds of a topic (None: unbounded); returns the new info.
+
+        Takes effect at the next ``apply_retention``. Raises ``TopicNotFound``, and
+        ``InvalidRequest`` for a bound that is not None or a positive integer.
+        """
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and everything stored of it (see the module rules); raises
+        ``TopicNotFound``. Large topics are deleted in several short transactions."""
 
     async def list_topics(self) -> list[TopicInfo]: ...
 
@@ -107,7 +137,16 @@ class MessageLog(Lifecycle, Protocol):
         """Messages with ``offset >= from_offset`` in offset order, at most ``max_count``."""
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
-        """First offset with ``produced_at_ms >= timestamp_ms`` (``next_offset`` if none)."""
+        """First stored offset with ``produced_at_ms >= timestamp_ms`` (``next_offset`` if
+        none), never below ``min_offset``."""
+
+    async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
+        """Delete the topic's messages past retention at ``now_ms``; returns ``{qid:
+        min_offset}`` for the queues whose ``min_offset`` moved (empty when none did).
+
+        Deletes in bounded batches, each its own short transaction, so produce calls are not
+        stalled behind one long delete. Raises ``TopicNotFound``.
+        """
 
 
 class GroupStateStore(Lifecycle, Protocol):

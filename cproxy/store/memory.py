@@ -26,15 +26,24 @@ from cproxy.store._common import (
     message_qids,
     topic_not_found,
 )
+from cproxy.store._retention import check_retention, message_bytes
 
 __all__ = ["MemoryStore"]
 
 _produced_at = attrgetter("produced_at_ms")
 
 
+def _size(m: Message) -> int:
+    return message_bytes(m.body_json, m.headers_json, m.key, m.id)
+
+
 @dataclasses.dataclass(slots=True)
 class _Topic:
+    #: Stored messages per queue; ``queues[qid][i]`` has offset ``floors[qid] + i``.
     queues: list[list[Message]]
+    floors: list[int]
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
     #: id -> (qid, offset, produced_at_ms), oldest first, so pruning stops at the first live entry.
     dedup: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
 
@@ -71,26 +80,79 @@ class MemoryStore:
             raise topic_not_found(name) from None
 
     # -- topics --------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+    @staticmethod
+    def _info(name: str, t: _Topic) -> TopicInfo:
+        return TopicInfo(name, len(t.queues), t.retention_ms, t.retention_bytes)
+
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> tuple[TopicInfo, bool]:
         self._check_open()
         check_queues(queues)
+        check_retention(retention_ms, retention_bytes)
         existing = self._topics.get(name)
         if existing is not None:
             if len(existing.queues) != queues:
                 raise TopicConflict(
                     f"topic {name!r} exists with {len(existing.queues)} queues, not {queues}"
                 )
-            return TopicInfo(name, queues), False
-        self._topics[name] = _Topic(queues=[[] for _ in range(queues)])
-        return TopicInfo(name, queues), True
+            return self._info(name, existing), False
+        t = _Topic([[] for _ in range(queues)], [0] * queues, retention_ms, retention_bytes)
+        self._topics[name] = t
+        return self._info(name, t), True
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        t = self._topic(name)
+        check_retention(retention_ms, retention_bytes)
+        t.retention_ms, t.retention_bytes = retention_ms, retention_bytes
+        return self._info(name, t)
+
+    async def delete_topic(self, name: str) -> None:
+        self._topic(name)
+        del self._topics[name]
+        for progress in self._progress.values():
+            for ref in [r for r in progress if r[0] == name]:
+                del progress[ref]
+        for dead in self._dead.values():
+            for message_ref in [r for r in dead if r[0] == name]:
+                del dead[message_ref]
 
     async def list_topics(self) -> list[TopicInfo]:
         self._check_open()
-        return [TopicInfo(name, len(t.queues)) for name, t in sorted(self._topics.items())]
+        return [self._info(name, t) for name, t in sorted(self._topics.items())]
 
     async def queue_stats(self, topic: str) -> list[QueueStats]:
         t = self._topic(topic)
-        return [QueueStats(qid, 0, len(q)) for qid, q in enumerate(t.queues)]
+        return [
+            QueueStats(qid, floor, floor + len(q))
+            for qid, (floor, q) in enumerate(zip(t.floors, t.queues, strict=True))
+        ]
+
+    async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
+        t = self._topic(topic)
+        moved: dict[int, int] = {}
+        for qid, q in enumerate(t.queues):
+            drop = 0
+            if t.retention_ms is not None:
+                drop = bisect_left(q, now_ms - t.retention_ms, key=_produced_at)
+            if t.retention_bytes is not None:
+                excess = sum(_size(m) for m in q) - t.retention_bytes
+                i = 0
+                while excess > 0:
+                    excess -= _size(q[i])
+                    i += 1
+                drop = max(drop, i)
+            if drop:
+                del q[:drop]
+                t.floors[qid] += drop
+                moved[qid] = t.floors[qid]
+        return moved
 
     # -- messages ------------------------------------------------------------------------------
     async def append(
@@ -114,7 +176,7 @@ class MemoryStore:
                     continue
             stored = t.queues[qid]
             batch = pending.setdefault(qid, [])
-            offset = len(stored) + len(batch)
+            offset = t.floors[qid] + len(stored) + len(batch)
             last = batch[-1] if batch else (stored[-1] if stored else None)
             produced_at = now_ms if last is None else max(now_ms, last.produced_at_ms)
             message = Message(
@@ -148,13 +210,13 @@ class MemoryStore:
         check_qid(topic, qid, len(t.queues))
         if max_count <= 0:
             return []
-        start = max(from_offset, 0)
+        start = max(from_offset - t.floors[qid], 0)
         return t.queues[qid][start : start + max_count]
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         t = self._topic(topic)
         check_qid(topic, qid, len(t.queues))
-        return bisect_left(t.queues[qid], timestamp_ms, key=_produced_at)
+        return t.floors[qid] + bisect_left(t.queues[qid], timestamp_ms, key=_produced_at)
 
     # -- groups --------------------------------------------------------------------------------
     async def save_group(self, name: str, config_json: bytes) -> None:

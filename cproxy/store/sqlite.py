@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 
-from cproxy.errors import ConfigError, StoreError, TopicConflict
+from cproxy.errors import ConfigError
 from cproxy.model import (
     AppendResult,
     DeadLetter,
@@ -41,11 +41,9 @@ from cproxy.model import (
     NewMessage,
     QueueProgress,
     QueueRef,
-    QueueStats,
-    TopicInfo,
 )
 from cproxy.store._append_plan import plan
-from cproxy.store._common import check_qid, check_queues, message_qids, topic_not_found
+from cproxy.store._common import check_qid, message_qids
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
@@ -54,14 +52,16 @@ from cproxy.store._sqlite_db import (
     dead_letter,
     dead_letter_row,
 )
+from cproxy.store._sqlite_topics import SqliteTopics
 
 __all__ = ["SqliteStore"]
 
 logger = logging.getLogger(__name__)
 
 
-class SqliteStore:
-    """The SQLite ``Store``. See the module docstring for durability and concurrency."""
+class SqliteStore(SqliteTopics):
+    """The SQLite ``Store``. See the module docstring for durability and concurrency; topics
+    and retention are in ``SqliteTopics``."""
 
     def __init__(
         self,
@@ -79,11 +79,7 @@ class SqliteStore:
             busy_timeout_ms=busy_timeout_ms,
             group_commit=group_commit,
         )
-        # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
-        self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
-        self._names: dict[int, str] = {}
-        self._next: dict[int, list[int]] = {}  # tid -> next offset per qid
-        self._last_ts: dict[int, list[int]] = {}  # tid -> last produced_at_ms per qid
+        self._init_topics()  # the caches (``SqliteTopics``)
         self._dedup = Dedup()  # used by the writer thread only
 
     @property
@@ -101,73 +97,6 @@ class SqliteStore:
 
     async def ping(self) -> bool:
         return await self._db.ping()
-
-    def _load_caches(self, conn: sqlite3.Connection) -> None:
-        self._topics, self._names = {}, {}
-        for tid, name, queues in conn.execute("SELECT tid, name, queues FROM topics").fetchall():
-            self._add_topic(tid, name, queues)
-            nexts, lasts = self._next[tid], self._last_ts[tid]
-            for qid in range(queues):
-                # One b-tree descent per queue, instead of a GROUP BY over the whole log.
-                row = conn.execute(
-                    "SELECT off, produced_at_ms FROM messages WHERE tid = ? AND qid = ?"
-                    " ORDER BY off DESC LIMIT 1",
-                    (tid, qid),
-                ).fetchone()
-                if row is not None:
-                    nexts[qid], lasts[qid] = row[0] + 1, row[1]
-
-    def _add_topic(self, tid: int, name: str, queues: int) -> None:
-        self._next[tid] = [0] * queues
-        self._last_ts[tid] = [0] * queues
-        # Copy-on-write: the event loop may be iterating the old dicts while the writer thread
-        # publishes a new topic, and rebinding an attribute is atomic.
-        self._names = {**self._names, tid: name}
-        self._topics = {**self._topics, name: (tid, queues)}
-
-    def _check_open(self) -> None:
-        if not self._db.is_open:
-            raise StoreError("the store is not open")
-
-    def _topic(self, name: str) -> tuple[int, int]:
-        self._check_open()
-        try:
-            return self._topics[name]
-        except KeyError:
-            raise topic_not_found(name) from None
-
-    # -- topics --------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
-        check_queues(queues)
-        self._check_open()
-        return await self._db.write(functools.partial(self._create_topic_tx, name, queues))
-
-    def _create_topic_tx(
-        self, name: str, queues: int, conn: sqlite3.Connection
-    ) -> tuple[TopicInfo, bool]:
-        # Ask the table, not the cache: a create earlier in the same group transaction is
-        # visible here but not yet published.
-        existing = conn.execute("SELECT queues FROM topics WHERE name = ?", (name,)).fetchone()
-        if existing is not None:
-            if existing[0] != queues:
-                raise TopicConflict(
-                    f"topic {name!r} exists with {existing[0]} queues, not {queues}"
-                )
-            return TopicInfo(name, queues), False
-        cur = conn.execute("INSERT INTO topics (name, queues) VALUES (?, ?)", (name, queues))
-        tid = cur.lastrowid
-        assert tid is not None
-        self._db.on_commit(functools.partial(self._add_topic, tid, name, queues))
-        return TopicInfo(name, queues), True
-
-    async def list_topics(self) -> list[TopicInfo]:
-        self._check_open()
-        return [TopicInfo(name, q) for name, (_, q) in sorted(self._topics.items())]
-
-    async def queue_stats(self, topic: str) -> list[QueueStats]:
-        tid, _ = self._topic(topic)
-        # No retention yet: every queue still starts at offset 0.
-        return [QueueStats(qid, 0, nxt) for qid, nxt in enumerate(self._next[tid])]
 
     # -- messages ------------------------------------------------------------------------------
     async def append(
@@ -247,30 +176,6 @@ class SqliteStore:
                     (tid, qid, start, max_count),
                 )
             ]
-
-        return await self._db.read(run)
-
-    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
-        tid, queues = self._topic(topic)
-        check_qid(topic, qid, queues)
-        hi = self._next[tid][qid]
-        if hi == 0 or self._last_ts[tid][qid] < timestamp_ms:
-            return hi
-
-        def run(conn: sqlite3.Connection) -> int:
-            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets.
-            lo, high = 0, hi
-            while lo < high:
-                mid = (lo + high) // 2
-                (ts,) = conn.execute(
-                    "SELECT produced_at_ms FROM messages WHERE tid = ? AND qid = ? AND off = ?",
-                    (tid, qid, mid),
-                ).fetchone()
-                if ts < timestamp_ms:
-                    lo = mid + 1
-                else:
-                    high = mid
-            return lo
 
         return await self._db.read(run)
 

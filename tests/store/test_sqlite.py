@@ -135,7 +135,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        assert version == ("1",)
+        assert version == ("2",)
     finally:
         conn.close()
 
@@ -277,7 +277,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         await SqliteStore(tmp_path).open()
     # The failed open released the data dir: fixing the file makes it usable again.
     conn = raw(tmp_path / "cproxy.db")
-    conn.execute("UPDATE meta SET v = '1' WHERE k = 'schema_version'")
+    conn.execute("UPDATE meta SET v = '2' WHERE k = 'schema_version'")
     conn.close()
     s = SqliteStore(tmp_path)
     await s.open()

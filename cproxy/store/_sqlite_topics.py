@@ -1,0 +1,341 @@
+"""The SQLite store's topics: create, update, delete, queue bounds, seek by time, retention.
+
+A mixin of ``sqlite.SqliteStore`` (which owns the caches and the ``Database``), kept apart so
+that module stays about messages and groups.
+
+Retention deletes the oldest messages of a queue in batches of ``DELETE_BATCH`` offsets, each
+its own short write (so produce calls queued behind it wait for one batch, not the whole cut),
+and records the queue's new floor (``floors`` table) in the same transaction, so ``min_offset``
+and the messages never disagree, even after a crash. Then it gives the freed pages back to the
+file system with ``PRAGMA incremental_vacuum`` (the file is created with ``auto_vacuum =
+INCREMENTAL``; a file from before is converted once when opened, see ``_sqlite_db``), again in
+bounded steps.
+
+Deleting a topic first removes its row and everything small that names it in one transaction,
+and records its tid in ``deleted_topics``; its messages are then deleted in batches. If the
+process stops half way, the next ``open`` finishes the job. A new topic never takes the tid of
+one whose messages may still be there.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sqlite3
+
+import anyio
+
+from cproxy.errors import StoreError, TopicConflict
+from cproxy.model import QueueStats, TopicInfo
+from cproxy.store._common import check_qid, check_queues, topic_not_found
+from cproxy.store._retention import ByteCounter, check_retention
+from cproxy.store._sqlite_db import Database
+
+logger = logging.getLogger(__name__)
+
+#: Offsets deleted per retention write (one short transaction each).
+DELETE_BATCH = 2000
+#: Pages handed back to the file system per write by ``PRAGMA incremental_vacuum``.
+VACUUM_PAGES = 512
+
+_SIZES = (
+    "SELECT off, length(body) + ifnull(length(headers), 0) + ifnull(length(CAST(key AS BLOB)), 0)"
+    " + ifnull(length(CAST(id AS BLOB)), 0) FROM messages"
+    " WHERE tid = ? AND qid = ? AND off >= ? AND off < ? ORDER BY off"
+)
+
+Bounds = tuple[int | None, int | None]
+
+
+class SqliteTopics:
+    """Topic-level operations of ``SqliteStore``; see the module docstring."""
+
+    _db: Database
+    # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
+    _topics: dict[str, tuple[int, int]]  # name -> (tid, queues)
+    _names: dict[int, str]
+    _next: dict[int, list[int]]  # tid -> next offset per qid
+    _last_ts: dict[int, list[int]]  # tid -> last produced_at_ms per qid
+    _min: dict[int, list[int]]  # tid -> min offset per qid
+    _bounds: dict[int, Bounds]  # tid -> (retention_ms, retention_bytes)
+    _bytes: ByteCounter
+    _retention_lock: anyio.Lock
+
+    def _init_topics(self) -> None:
+        self._topics, self._names, self._next, self._last_ts = {}, {}, {}, {}
+        self._min, self._bounds = {}, {}
+        self._bytes = ByteCounter()
+        # One retention pass or topic delete at a time: both move floors and byte totals.
+        self._retention_lock = anyio.Lock()
+
+    def _load_caches(self, conn: sqlite3.Connection) -> None:
+        """Called once at open on the writer connection, before anything else runs."""
+        self._init_topics()
+        for (tid,) in conn.execute("SELECT tid FROM deleted_topics").fetchall():
+            _purge_sync(conn, tid)
+        floors = {(t, q): off for t, q, off in conn.execute("SELECT * FROM floors").fetchall()}
+        for tid, name, queues, r_ms, r_bytes in conn.execute(
+            "SELECT tid, name, queues, retention_ms, retention_bytes FROM topics"
+        ).fetchall():
+            self._add_topic(tid, name, queues, (r_ms, r_bytes))
+            nexts, lasts, mins = self._next[tid], self._last_ts[tid], self._min[tid]
+            for qid in range(queues):
+                mins[qid] = nexts[qid] = floors.get((tid, qid), 0)
+                # One b-tree descent per queue, instead of a GROUP BY over the whole log.
+                row = conn.execute(
+                    "SELECT off, produced_at_ms FROM messages WHERE tid = ? AND qid = ?"
+                    " ORDER BY off DESC LIMIT 1",
+                    (tid, qid),
+                ).fetchone()
+                if row is not None:
+                    nexts[qid], lasts[qid] = row[0] + 1, row[1]
+
+    def _add_topic(self, tid: int, name: str, queues: int, bounds: Bounds) -> None:
+        self._next[tid] = [0] * queues
+        self._last_ts[tid] = [0] * queues
+        self._min[tid] = [0] * queues
+        # Copy-on-write: the event loop may be iterating the old dicts while the writer thread
+        # publishes a new topic, and rebinding an attribute is atomic.
+        self._bounds = {**self._bounds, tid: bounds}
+        self._names = {**self._names, tid: name}
+        self._topics = {**self._topics, name: (tid, queues)}
+
+    def _drop_topic(self, tid: int, name: str) -> None:
+        # ``_next``/``_last_ts`` stay: an append queued before the delete committed may still
+        # run and publish into them; its rows are purged with the rest.
+        self._topics = {n: v for n, v in self._topics.items() if n != name}
+        self._names = {t: n for t, n in self._names.items() if t != tid}
+
+    def _check_open(self) -> None:
+        if not self._db.is_open:
+            raise StoreError("the store is not open")
+
+    def _topic(self, name: str) -> tuple[int, int]:
+        self._check_open()
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise topic_not_found(name) from None
+
+    def _info(self, name: str) -> TopicInfo:
+        tid, queues = self._topic(name)
+        return TopicInfo(name, queues, *self._bounds[tid])
+
+    # -- create, update, delete ----------------------------------------------------------------
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> tuple[TopicInfo, bool]:
+        check_queues(queues)
+        check_retention(retention_ms, retention_bytes)
+        self._check_open()
+        tx = functools.partial(self._create_topic_tx, name, queues, (retention_ms, retention_bytes))
+        return await self._db.write(tx)
+
+    def _create_topic_tx(
+        self, name: str, queues: int, bounds: Bounds, conn: sqlite3.Connection
+    ) -> tuple[TopicInfo, bool]:
+        # Ask the table, not the cache: a create earlier in the same group transaction is
+        # visible here but not yet published.
+        existing = conn.execute(
+            "SELECT queues, retention_ms, retention_bytes FROM topics WHERE name = ?", (name,)
+        ).fetchone()
+        if existing is not None:
+            if existing[0] != queues:
+                raise TopicConflict(
+                    f"topic {name!r} exists with {existing[0]} queues, not {queues}"
+                )
+            return TopicInfo(name, *existing), False
+        # Above every tid in use or still being purged, so orphans never join a new topic.
+        cur = conn.execute(
+            "INSERT INTO topics (tid, name, queues, retention_ms, retention_bytes) VALUES ("
+            " (SELECT coalesce(max(t), 0) + 1 FROM (SELECT max(tid) AS t FROM topics"
+            "  UNION ALL SELECT max(tid) FROM deleted_topics)), ?, ?, ?, ?)",
+            (name, queues, *bounds),
+        )
+        tid = cur.lastrowid
+        assert tid is not None
+        self._db.on_commit(functools.partial(self._add_topic, tid, name, queues, bounds))
+        return TopicInfo(name, queues, *bounds), True
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        tid, _ = self._topic(name)
+        check_retention(retention_ms, retention_bytes)
+        bounds = (retention_ms, retention_bytes)
+
+        def tx(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE topics SET retention_ms = ?, retention_bytes = ? WHERE tid = ?",
+                (*bounds, tid),
+            )
+
+            def publish() -> None:
+                self._bounds = {**self._bounds, tid: bounds}
+
+            self._db.on_commit(publish)
+
+        await self._db.write(tx)
+        logger.info("topic=%s retention_ms=%s retention_bytes=%s", name, *bounds)
+        return TopicInfo(name, self._topic(name)[1], *bounds)
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._retention_lock:
+            tid, queues = self._topic(name)
+
+            def tx(conn: sqlite3.Connection) -> None:
+                for table in ("topics", "dedup", "progress", "dead_letters", "floors"):
+                    conn.execute(f"DELETE FROM {table} WHERE tid = ?", (tid,))
+                conn.execute("INSERT INTO deleted_topics (tid) VALUES (?)", (tid,))
+                self._db.on_commit(functools.partial(self._drop_topic, tid, name))
+
+            await self._db.write(tx)
+            for qid in range(queues):
+                self._bytes.forget((tid, qid))
+            deleted = 0
+            while True:
+                n = await self._db.write(functools.partial(_purge_batch, tid), weight=DELETE_BATCH)
+                deleted += n
+                if n == 0:
+                    break
+            await self._db.write(
+                lambda conn: conn.execute("DELETE FROM deleted_topics WHERE tid = ?", (tid,))
+            )
+            await self._reclaim()
+        logger.info("topic=%s deleted messages=%d", name, deleted)
+
+    # -- bounds and seek by time ---------------------------------------------------------------
+    async def list_topics(self) -> list[TopicInfo]:
+        self._check_open()
+        return [self._info(name) for name in sorted(self._topics)]
+
+    async def queue_stats(self, topic: str) -> list[QueueStats]:
+        tid, _ = self._topic(topic)
+        mins, nexts = self._min[tid], self._next[tid]
+        return [
+            QueueStats(qid, lo, nxt) for qid, (lo, nxt) in enumerate(zip(mins, nexts, strict=True))
+        ]
+
+    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        tid, queues = self._topic(topic)
+        check_qid(topic, qid, queues)
+        lo, hi = self._min[tid][qid], self._next[tid][qid]
+        if lo >= hi or self._last_ts[tid][qid] < timestamp_ms:
+            return hi
+
+        def run(conn: sqlite3.Connection) -> int:
+            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets.
+            low, high = lo, hi
+            while low < high:
+                mid = (low + high) // 2
+                row = conn.execute(
+                    "SELECT produced_at_ms FROM messages WHERE tid = ? AND qid = ? AND off = ?",
+                    (tid, qid, mid),
+                ).fetchone()
+                # Gone: retention deleted it since, so it was older than anything kept.
+                if row is None or row[0] < timestamp_ms:
+                    low = mid + 1
+                else:
+                    high = mid
+            return max(low, self._min[tid][qid])
+
+        return await self._db.read(run)
+
+    # -- retention -----------------------------------------------------------------------------
+    async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
+        tid, queues = self._topic(topic)
+        moved: dict[int, int] = {}
+        async with self._retention_lock:
+            if self._names.get(tid) != topic:
+                return moved  # deleted while we waited for the lock
+            retention_ms, retention_bytes = self._bounds[tid]
+            for qid in range(queues):
+                floor, nxt = self._min[tid][qid], self._next[tid][qid]
+                cut = floor
+                if retention_ms is not None:
+                    cut = await self.offset_for_time(topic, qid, now_ms - retention_ms)
+                key = (tid, qid)
+                if retention_bytes is None:
+                    self._bytes.forget(key)
+                else:
+                    sizes = functools.partial(self._sizes, tid, qid)
+                    cut = max(cut, await self._bytes.cut(key, floor, nxt, retention_bytes, sizes))
+                    await self._bytes.advance(key, cut, sizes)
+                if cut > floor:
+                    await self._cut(tid, qid, floor, cut)
+                    moved[qid] = cut
+            if moved:
+                await self._reclaim()
+        if moved:
+            logger.info("topic=%s retention moved min_offset=%s", topic, moved)
+        return moved
+
+    async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        return await self._db.read(
+            lambda conn: [(o, s) for o, s in conn.execute(_SIZES, (tid, qid, lo, hi))]
+        )
+
+    async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> None:
+        mins = self._min[tid]
+        for lo in range(floor, cut, DELETE_BATCH):
+            hi = min(cut, lo + DELETE_BATCH)
+
+            def tx(conn: sqlite3.Connection, lo: int = lo, hi: int = hi) -> None:
+                conn.execute(
+                    "DELETE FROM messages WHERE tid = ? AND qid = ? AND off >= ? AND off < ?",
+                    (tid, qid, lo, hi),
+                )
+                conn.execute(
+                    "INSERT OR REPLACE INTO floors (tid, qid, min_off) VALUES (?, ?, ?)",
+                    (tid, qid, hi),
+                )
+                self._db.on_commit(functools.partial(mins.__setitem__, qid, hi))
+
+            await self._db.write(tx, weight=hi - lo)
+
+    async def _reclaim(self) -> None:
+        """Give free pages back to the file system, ``VACUUM_PAGES`` per write."""
+        while await self._db.write(_vacuum_step, weight=VACUUM_PAGES):
+            pass
+
+
+def _vacuum_step(conn: sqlite3.Connection) -> bool:
+    """Free up to ``VACUUM_PAGES`` pages; True if more are left."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+        return False  # not incremental (a conversion that could not run): SQLite reuses them
+    free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+    # Python's sqlite3 steps a PRAGMA statement once, and each step frees one page.
+    for _ in range(min(free, VACUUM_PAGES)):
+        conn.execute("PRAGMA incremental_vacuum")
+    return free > VACUUM_PAGES
+
+
+def _purge_batch(tid: int, conn: sqlite3.Connection) -> int:
+    """Delete up to ``DELETE_BATCH`` messages of a deleted topic; how many went."""
+    cur = conn.execute(
+        "DELETE FROM messages WHERE (tid, qid, off) IN"
+        " (SELECT tid, qid, off FROM messages WHERE tid = ? LIMIT ?)",
+        (tid, DELETE_BATCH),
+    )
+    return cur.rowcount
+
+
+def _purge_sync(conn: sqlite3.Connection, tid: int) -> None:
+    """Finish deleting a topic whose delete was interrupted (at open, before serving)."""
+    while True:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            n = _purge_batch(tid, conn)
+            if n == 0:
+                conn.execute("DELETE FROM deleted_topics WHERE tid = ?", (tid,))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        if n == 0:
+            logger.info("finished deleting the messages of deleted topic tid=%d", tid)
+            return
