@@ -19,6 +19,7 @@ from asyncpg.pool import PoolConnectionProxy
 from cproxy.errors import ConfigError, StoreError, TopicNotFound
 from cproxy.store._common import topic_not_found
 from cproxy.store._pg_schema import FOREIGN_ERRORS, as_store_error, ensure_schema
+from cproxy.store._retention import ByteCounter
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +58,11 @@ class PgBase:
         self._connect_timeout_s = connect_timeout_ms / 1000
         self._command_timeout_s = command_timeout_ms / 1000
         self._pool: asyncpg.Pool | None = None
-        # Topics are never deleted and never change their queue count, so this cache can only
-        # miss (a topic another proxy created), never be wrong.
+        # Topics never change their queue count and tids are never reused, so this cache can
+        # miss (a topic another proxy created) and can name a topic another proxy deleted:
+        # statements on a deleted tid find no rows (see ``_pg_log.PgLog.delete_topic``).
         self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
+        self._bytes = ByteCounter()
         self._max_window_ms = 0
         self._since_prune = 0
 

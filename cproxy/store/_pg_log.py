@@ -5,6 +5,7 @@ How an append allocates offsets without deadlocks is described in ``postgres.py`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -13,7 +14,13 @@ from typing import Any
 from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import AppendResult, Message, NewMessage, QueueStats, TopicInfo
 from cproxy.store._append_plan import Stored, plan
-from cproxy.store._common import check_qid, check_queues, dedup_live, message_qids
+from cproxy.store._common import (
+    check_qid,
+    check_queues,
+    dedup_live,
+    message_qids,
+    topic_not_found,
+)
 from cproxy.store._pg_base import Conn, PgBase
 from cproxy.store._pg_sql import (
     INSERT_DEDUP,
@@ -22,11 +29,21 @@ from cproxy.store._pg_sql import (
     LOCK_QUEUES,
     UPDATE_QUEUES,
 )
+from cproxy.store._retention import check_retention
 
 logger = logging.getLogger(__name__)
 
 #: Prune expired dedup entries after this many new ones (per store), amortising the DELETE.
 PRUNE_EVERY = 10_000
+#: Offsets deleted per retention transaction.
+DELETE_BATCH = 2000
+
+_TOPIC_COLUMNS = "tid, name, queues, retention_ms, retention_bytes"
+_SIZES = (
+    "SELECT off, octet_length(body) + coalesce(octet_length(headers), 0)"
+    " + coalesce(octet_length(key), 0) + coalesce(octet_length(id), 0) FROM messages"
+    " WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4 ORDER BY off"
+)
 
 
 def id_lock_key(msg_id: str) -> int:
@@ -44,44 +61,142 @@ class PgLog(PgBase):
     """Topics and messages over the pool of ``PgBase``."""
 
     # -- topics --------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> tuple[TopicInfo, bool]:
         check_queues(queues)
+        check_retention(retention_ms, retention_bytes)
         async with self._conn() as conn, conn.transaction():
             # Two proxies creating one topic: the second INSERT waits for the first's COMMIT,
             # then does nothing, and the SELECT below sees the committed row.
             tid = await conn.fetchval(
-                "INSERT INTO topics (name, queues) VALUES ($1, $2)"
-                " ON CONFLICT (name) DO NOTHING RETURNING tid",
+                "INSERT INTO topics (name, queues, retention_ms, retention_bytes)"
+                " VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING RETURNING tid",
                 name,
                 queues,
+                retention_ms,
+                retention_bytes,
             )
             if tid is None:
-                row = await conn.fetchrow("SELECT tid, queues FROM topics WHERE name = $1", name)
-                if row is None:  # only if someone deletes topics by hand
+                row = await conn.fetchrow(
+                    f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE name = $1", name
+                )
+                if row is None:  # deleted by another proxy in between
                     raise StoreError(f"topic {name!r} vanished while it was being created")
-                if row[1] != queues:
-                    raise TopicConflict(f"topic {name!r} exists with {row[1]} queues, not {queues}")
-                self._topics[name] = (row[0], row[1])
-                return TopicInfo(name, queues), False
+                if row[2] != queues:
+                    raise TopicConflict(f"topic {name!r} exists with {row[2]} queues, not {queues}")
+                self._topics[name] = (row[0], row[2])
+                return TopicInfo(*row[1:]), False
             await conn.execute(
                 "INSERT INTO queues (tid, qid) SELECT $1, generate_series(0, $2 - 1)", tid, queues
             )
         self._topics[name] = (tid, queues)  # only once committed
-        return TopicInfo(name, queues), True
+        return TopicInfo(name, queues, retention_ms, retention_bytes), True
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        check_retention(retention_ms, retention_bytes)
+        async with self._conn() as conn:
+            row = await conn.fetchrow(
+                "UPDATE topics SET retention_ms = $2, retention_bytes = $3 WHERE name = $1"
+                f" RETURNING {_TOPIC_COLUMNS}",
+                name,
+                retention_ms,
+                retention_bytes,
+            )
+        if row is None:
+            self._topics.pop(name, None)
+            raise topic_not_found(name)
+        return TopicInfo(*row[1:])
+
+    async def delete_topic(self, name: str) -> None:
+        # One transaction: PostgreSQL takes a large DELETE without blocking appends to other
+        # topics (row locks only), and no other proxy ever sees half a topic.
+        async with self._conn() as conn, conn.transaction():
+            tid = await conn.fetchval("SELECT tid FROM topics WHERE name = $1 FOR UPDATE", name)
+            if tid is None:
+                self._topics.pop(name, None)
+                raise topic_not_found(name)
+            for table in ("progress", "dead_letters", "dedup", "messages", "queues", "topics"):
+                await conn.execute(f"DELETE FROM {table} WHERE tid = $1", tid)
+        entry = self._topics.pop(name, None)
+        for qid in range(entry[1] if entry else 0):
+            self._bytes.forget((tid, qid))
 
     async def list_topics(self) -> list[TopicInfo]:
         async with self._conn() as conn:
-            rows = await conn.fetch("SELECT name, queues FROM topics")
-        return sorted((TopicInfo(name, queues) for name, queues in rows), key=lambda t: t.name)
+            rows = await conn.fetch(f"SELECT {_TOPIC_COLUMNS} FROM topics")
+        return sorted((TopicInfo(*row[1:]) for row in rows), key=lambda t: t.name)
 
     async def queue_stats(self, topic: str) -> list[QueueStats]:
         async with self._conn() as conn:
             tid, _ = await self._topic(conn, topic)
             rows = await conn.fetch(
-                "SELECT qid, next_offset FROM queues WHERE tid = $1 ORDER BY qid", tid
+                "SELECT qid, min_offset, next_offset FROM queues WHERE tid = $1 ORDER BY qid", tid
             )
-        # No retention yet: every queue still starts at offset 0.
-        return [QueueStats(qid, 0, nxt) for qid, nxt in rows]
+        return [QueueStats(qid, lo, nxt) for qid, lo, nxt in rows]
+
+    async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
+        async with self._conn() as conn:
+            row = await conn.fetchrow(f"SELECT {_TOPIC_COLUMNS} FROM topics WHERE name = $1", topic)
+            if row is None:
+                raise topic_not_found(topic)
+            tid, _, _, retention_ms, retention_bytes = row
+            if retention_ms is None and retention_bytes is None:
+                return {}
+            bounds = await conn.fetch(
+                "SELECT qid, min_offset, next_offset FROM queues WHERE tid = $1 ORDER BY qid", tid
+            )
+        moved: dict[int, int] = {}
+        for qid, floor, nxt in bounds:
+            cut = floor
+            if retention_ms is not None:
+                cut = await self.offset_for_time(topic, qid, now_ms - retention_ms)
+            key = (tid, qid)
+            if retention_bytes is None:
+                self._bytes.forget(key)
+            else:
+                sizes = functools.partial(self._sizes, tid, qid)
+                cut = max(cut, await self._bytes.cut(key, floor, nxt, retention_bytes, sizes))
+                await self._bytes.advance(key, cut, sizes)
+            if cut > floor:
+                moved[qid] = await self._cut(tid, qid, floor, cut)
+        if moved:
+            logger.info("topic=%s retention moved min_offset=%s", topic, moved)
+        return moved
+
+    async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
+        async with self._conn() as conn:
+            rows = await conn.fetch(_SIZES, tid, qid, lo, hi)
+        return [(off, size) for off, size in rows]
+
+    async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> int:
+        """Delete ``[floor, cut)`` in batches, raising ``min_offset`` with each; the new min."""
+        low = floor
+        for lo in range(floor, cut, DELETE_BATCH):
+            hi = min(cut, lo + DELETE_BATCH)
+            async with self._conn() as conn, conn.transaction():
+                # Another proxy may have cut further meanwhile: never move the floor down.
+                low = await conn.fetchval(
+                    "UPDATE queues SET min_offset = greatest(min_offset, $3)"
+                    " WHERE tid = $1 AND qid = $2 RETURNING min_offset",
+                    tid,
+                    qid,
+                    hi,
+                )
+                await conn.execute(
+                    "DELETE FROM messages WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4",
+                    tid,
+                    qid,
+                    lo,
+                    hi,
+                )
+        return int(low)
 
     # -- messages ------------------------------------------------------------------------------
     async def append(
@@ -165,18 +280,18 @@ class PgLog(PgBase):
             tid, queues = await self._topic(conn, topic)
             check_qid(topic, qid, queues)
             row = await conn.fetchrow(
-                "SELECT next_offset, last_produced_at_ms FROM queues WHERE tid = $1 AND qid = $2",
+                "SELECT min_offset, next_offset, last_produced_at_ms FROM queues"
+                " WHERE tid = $1 AND qid = $2",
                 tid,
                 qid,
             )
             if row is None:
                 raise StoreError(f"queue {qid} of topic {topic!r} has no offset counter")
-            hi, last = row
-            if hi == 0 or last < timestamp_ms:
+            lo, hi, last = row
+            if lo >= hi or last < timestamp_ms:
                 return int(hi)
             # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets:
             # a handful of primary-key lookups instead of an index on time.
-            lo: int = 0
             while lo < hi:
                 mid = (lo + hi) // 2
                 ts = await conn.fetchval(
@@ -185,8 +300,9 @@ class PgLog(PgBase):
                     qid,
                     mid,
                 )
-                if ts < timestamp_ms:
+                # Gone: retention deleted it since, so it was older than anything kept.
+                if ts is None or ts < timestamp_ms:
                     lo = mid + 1
                 else:
                     hi = mid
-            return lo
+            return int(lo)

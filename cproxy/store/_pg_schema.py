@@ -21,10 +21,16 @@ logger = logging.getLogger(__name__)
 
 #: Bumped by every change of the tables. A later version adds a migration from the one before
 #: to ``MIGRATIONS`` (e.g. version 2: one row per produce call, "record batches").
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: version -> statements that take a database from ``version - 1`` to ``version``.
-MIGRATIONS: dict[int, tuple[str, ...]] = {}
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    # 2: topic retention bounds, and each queue's lowest kept offset.
+    2: (
+        "ALTER TABLE topics ADD COLUMN retention_ms bigint, ADD COLUMN retention_bytes bigint",
+        "ALTER TABLE queues ADD COLUMN min_offset bigint NOT NULL DEFAULT 0",
+    ),
+}
 
 #: Any fixed number: the transaction-level advisory lock that serialises schema creation
 #: between proxies that open the same database at the same time.
@@ -35,7 +41,8 @@ TABLES = (
     """CREATE TABLE topics (
         tid integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         name text NOT NULL UNIQUE,
-        queues integer NOT NULL CHECK (queues > 0))""",
+        queues integer NOT NULL CHECK (queues > 0),
+        retention_ms bigint, retention_bytes bigint)""",
     # One row per queue: the offset counter. Appends lock these rows (FOR UPDATE, in qid order)
     # to allocate offsets, which serialises appends per queue and never across queues.
     """CREATE TABLE queues (
@@ -43,6 +50,7 @@ TABLES = (
         qid integer NOT NULL,
         next_offset bigint NOT NULL DEFAULT 0,
         last_produced_at_ms bigint NOT NULL DEFAULT 0,
+        min_offset bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (tid, qid))""",
     """CREATE TABLE messages (
         tid integer NOT NULL, qid integer NOT NULL, off bigint NOT NULL,

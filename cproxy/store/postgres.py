@@ -4,7 +4,7 @@ Install with the ``postgres`` extra (``pip install 'cproxy[postgres]'``). ``Post
 is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore`` protocols of
 ``base.py``) and keeps the same rules as the SQLite and memory stores.
 
-Schema (version 1; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
+Schema (version 2: retention columns and ``queues.min_offset``; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
 ``_pg_schema.MIGRATIONS`` is where a later version adds its migration):
 
 - ``topics (tid, name, queues)`` and ``queues (tid, qid, next_offset, last_produced_at_ms)``:

@@ -4,17 +4,23 @@
   in a temp dir on a free loopback port (see ``pg_server.py``) and stopped at the end. When it
   cannot run here, every test that needs it is skipped, and the reason is printed at once.
 - ``pg_dsn``: a fresh empty database on that server for one test, dropped afterwards.
+- ``store``: an open store of each implementation in turn (memory, SQLite, PostgreSQL), for the
+  contract tests that every ``Store`` must pass.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
+from cproxy.store.base import Store
+from cproxy.store.memory import MemoryStore
+from cproxy.store.postgres import PostgresStore
+from cproxy.store.sqlite import SqliteStore
 from tests.store.pg_server import PgServer, PgUnavailable
 
 
@@ -51,3 +57,17 @@ def pg_dsn(pg_server: PgServer) -> Iterator[str]:
     dsn = pg_server.create_database()
     yield dsn
     pg_server.drop_database(dsn)
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    s: Store
+    if request.param == "memory":
+        s = MemoryStore()
+    elif request.param == "sqlite":
+        s = SqliteStore(tmp_path / "data")
+    else:
+        s = PostgresStore(request.getfixturevalue("pg_dsn"))
+    await s.open()
+    yield s
+    await s.close()

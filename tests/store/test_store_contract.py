@@ -1,12 +1,10 @@
 """The ``Store`` contract (``cproxy/store/base.py``), run against every implementation.
 
-The PostgreSQL run needs the ``pg_dsn`` fixture (``conftest.py``): a real server.
+The ``store`` fixture (``conftest.py``) gives each implementation in turn; the PostgreSQL run
+needs the ``pg_dsn`` fixture: a real server. Retention and topic deletes: ``test_store_retention``.
 """
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
@@ -21,26 +19,9 @@ from cproxy.model import (
     TopicInfo,
 )
 from cproxy.store.base import Store
-from cproxy.store.memory import MemoryStore
-from cproxy.store.postgres import PostgresStore
-from cproxy.store.sqlite import SqliteStore
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    s: Store
-    if request.param == "memory":
-        s = MemoryStore()
-    elif request.param == "sqlite":
-        s = SqliteStore(tmp_path / "data")
-    else:
-        s = PostgresStore(request.getfixturevalue("pg_dsn"))
-    await s.open()
-    yield s
-    await s.close()
 
 
 def new(
