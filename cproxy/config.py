@@ -8,6 +8,7 @@ Example ``cproxy.toml``::
     data_dir = "/var/lib/cproxy"
     commit_interval_ms = 1000
     dedup_window_ms = 86400000
+    retention_interval_ms = 5000
 
     [limits]
     max_messages_per_call = 1000
@@ -21,6 +22,8 @@ Example ``cproxy.toml``::
 
     [topics.rides]
     queues = 8
+    retention_ms = 604800000     # optional: keep 7 days
+    retention_bytes = 1073741824 # optional: at most 1 GiB per queue
 
     [groups.billing]
     topics = { rides = { order_by = "key" } }
@@ -100,8 +103,14 @@ class Settings:
     log_format: Literal["text", "json"] = "text"
     limits: Limits = field(default_factory=Limits)
     tokens: tuple[Token, ...] = ()
+    #: How often topics with a retention bound are trimmed (and groups told what they lost).
+    retention_interval_ms: int = 5000
     #: Topics declared in the config file: name -> queues.
     topics: Mapping[str, int] = field(default_factory=dict)
+    #: Retention of the declared topics that set one, name -> (retention_ms, retention_bytes),
+    #: None for unbounded; applied at every start (the file wins over changes made through the
+    #: API). A declared topic without either key keeps whatever retention it has.
+    topic_retention: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     #: Groups declared in the config file: name -> validated config.
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
 
@@ -183,6 +192,8 @@ def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = Path(value)
         elif key == "commit_interval_ms":
             out[key] = _check_int("server.commit_interval_ms", value, 10, 600_000)
+        elif key == "retention_interval_ms":
+            out[key] = _check_int("server.retention_interval_ms", value, 10, 3_600_000)
         elif key == "dedup_window_ms":
             out[key] = _check_int("server.dedup_window_ms", value, 0, 30 * 86_400_000)
         elif key == "sqlite_synchronous":
@@ -208,12 +219,26 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     topics: dict[str, int] = {}
+    retention: dict[str, tuple[int | None, int | None]] = {}
     for name, spec in dict(raw.get("topics", {})).items():
         if not TOPIC_NAME.match(name):
             raise ConfigError(f"topic name {name!r} is invalid: use {NAME_RULE}")
-        if not isinstance(spec, Mapping) or set(spec) != {"queues"}:
-            raise ConfigError(f"topics.{name} must be a table with exactly 'queues'")
+        if (
+            not isinstance(spec, Mapping)
+            or "queues" not in spec
+            or not set(spec) <= {"queues", "retention_ms", "retention_bytes"}
+        ):
+            raise ConfigError(
+                f"topics.{name} must be a table with 'queues' and optionally 'retention_ms' "
+                "and 'retention_bytes'"
+            )
         topics[name] = _check_int(f"topics.{name}.queues", spec["queues"], 1, MAX_QUEUES)
+        bounds = [
+            None if key not in spec else _check_int(f"topics.{name}.{key}", spec[key], 1, 1 << 62)
+            for key in ("retention_ms", "retention_bytes")
+        ]
+        if "retention_ms" in spec or "retention_bytes" in spec:
+            retention[name] = (bounds[0], bounds[1])
     groups: dict[str, GroupConfig] = {}
     for name, spec in dict(raw.get("groups", {})).items():
         if not GROUP_NAME.match(name):
@@ -229,6 +254,7 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
         limits=_limits(dict(raw.get("limits", {}))),
         tokens=_tokens(raw.get("tokens", [])),
         topics=topics,
+        topic_retention=retention,
         groups=groups,
     )
 

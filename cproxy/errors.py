@@ -53,9 +53,15 @@ class Conflict(CproxyError):
 
 
 class TopicConflict(Conflict):
-    """A topic exists with a different queue count."""
+    """A topic exists with a different queue count (or retention)."""
 
     code = "topic_conflict"
+
+
+class TopicInUse(Conflict):
+    """A topic cannot be deleted while a group reads it."""
+
+    code = "topic_in_use"
 
 
 class TooLarge(CproxyError):

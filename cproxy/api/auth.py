@@ -5,6 +5,8 @@ action             admin  producer  consumer
 =================  =====  ========  ========
 read topics        yes    yes       yes
 create topic       yes    scoped    no
+update topic       yes    scoped    no
+delete a topic     yes    no        no
 produce            yes    scoped    no
 use a group        yes    no        scoped
 delete a group     yes    no        no
@@ -35,11 +37,15 @@ from cproxy.config import Settings, Token
 from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo
 
-Action = Literal["read_topics", "create_topic", "produce", "use_group", "delete_group"]
+Action = Literal[
+    "read_topics", "create_topic", "delete_topic", "produce", "use_group", "delete_group"
+]
 
 _ROLES: dict[Action, frozenset[str]] = {
     "read_topics": frozenset({"admin", "producer", "consumer"}),
+    # Also PATCH (retention): whoever may create a topic with a retention may change it.
     "create_topic": frozenset({"admin", "producer"}),
+    "delete_topic": frozenset({"admin"}),
     "produce": frozenset({"admin", "producer"}),
     "use_group": frozenset({"admin", "consumer"}),
     "delete_group": frozenset({"admin"}),

@@ -28,6 +28,8 @@ from cproxy.errors import (
     InvalidRequest,
     ShuttingDown,
     StoreError,
+    TopicConflict,
+    TopicInUse,
     TopicNotFound,
 )
 from cproxy.model import (
@@ -98,6 +100,7 @@ class Broker:
         self.accepting = False
         #: ``now_ms()`` of the last append that failed with ``StoreError``, None after a success.
         self._append_failed_at_ms: int | None = None
+        self._retention_scope = anyio.CancelScope()
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -108,6 +111,9 @@ class Broker:
             self._topics[topic.name] = topic
         for name, queues in self.settings.topics.items():
             await self.create_topic(name, queues)
+            declared = self.settings.topic_retention.get(name)
+            if declared is not None and declared != self._retention(self._topics[name]):
+                await self.update_topic(name, *declared)
         stored = await self.store.load_groups()
         for name, config in self.settings.groups.items():
             stored[name] = orjson.dumps(config.to_dict())
@@ -120,6 +126,7 @@ class Broker:
                 continue
             self.groups[name] = await self._open_runner(name, config)
         self.accepting = True
+        task_group.start_soon(self._retention_loop, name="retention")
         logger.info("broker started topics=%d groups=%d", len(self._topics), len(self.groups))
 
     def begin_shutdown(self) -> None:
@@ -131,6 +138,7 @@ class Broker:
     async def stop(self) -> None:
         """Stop taking work, persist every group's progress, close the store."""
         self.accepting = False
+        self._retention_scope.cancel()
         for runner in list(self.groups.values()):
             await runner.close()
         self.groups.clear()
@@ -165,12 +173,89 @@ class Broker:
             raise ShuttingDown("the server is shutting down")
 
     # -- topics --------------------------------------------------------------------------------
-    async def create_topic(self, name: str, queues: int) -> tuple[TopicInfo, bool]:
-        info, created = await self.store.create_topic(name, queues)
+    @staticmethod
+    def _retention(info: TopicInfo) -> tuple[int | None, int | None]:
+        return info.retention_ms, info.retention_bytes
+
+    async def create_topic(
+        self, name: str, queues: int, retention: tuple[int | None, int | None] | None = None
+    ) -> tuple[TopicInfo, bool]:
+        """Create a topic (idempotent). ``retention`` (``(retention_ms, retention_bytes)``)
+        None means not given: an existing topic keeps its own; given and different from an
+        existing topic's, it is a ``TopicConflict`` (change it with ``update_topic``)."""
+        info, created = await self.store.create_topic(name, queues, *(retention or (None, None)))
         self._topics[name] = info
         if created:
-            logger.info("topic=%s created queues=%d", name, queues)
+            logger.info(
+                "topic=%s created queues=%d retention_ms=%s retention_bytes=%s",
+                name,
+                queues,
+                info.retention_ms,
+                info.retention_bytes,
+            )
+        elif retention is not None and retention != self._retention(info):
+            raise TopicConflict(
+                f"topic {name!r} exists with retention_ms={info.retention_ms} and "
+                f"retention_bytes={info.retention_bytes}; change them with PATCH"
+            )
         return info, created
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        """Set a topic's retention (None: unbounded); applied by the next retention pass."""
+        self.topic(name)
+        info = await self.store.update_topic(name, retention_ms, retention_bytes)
+        self._topics[name] = info
+        return info
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete a topic and its messages; ``TopicInUse`` (409) while a group reads it."""
+        self._check_open()
+        self.topic(name)
+        async with self._group_lock:  # no group starts reading it meanwhile
+            readers = sorted(g for g, runner in self.groups.items() if runner.reads(name))
+            if readers:
+                raise TopicInUse(
+                    f"topic {name!r} is read by group(s) {readers}: delete them, or change "
+                    "them to read other topics, first"
+                )
+            await self.store.delete_topic(name)
+            self._topics.pop(name, None)
+            self._round_robin.pop(name, None)
+        logger.info("topic=%s deleted", name)
+
+    async def apply_retention(self) -> int:
+        """One retention pass over every topic with a bound; returns the messages groups lost.
+
+        Each group that reads a trimmed queue is told its new ``min_offset``
+        (``GroupRunner.note_retention``), so a group that had not read that far skips ahead
+        and counts what it lost.
+        """
+        lost = 0
+        for info in list(self._topics.values()):
+            if info.retention_ms is None and info.retention_bytes is None:
+                continue
+            try:
+                moved = await self.store.apply_retention(info.name, now_ms())
+            except TopicNotFound:
+                continue  # deleted meanwhile
+            for runner in list(self.groups.values()):
+                if runner.reads(info.name):
+                    for qid, min_offset in moved.items():
+                        lost += runner.note_retention(info.name, qid, min_offset)
+        return lost
+
+    async def _retention_loop(self) -> None:
+        with self._retention_scope:
+            while True:
+                await anyio.sleep(self.settings.retention_interval_ms / 1000)
+                try:
+                    await self.apply_retention()
+                except StoreError as exc:
+                    logger.warning("retention pass failed, will retry: %s", exc)
+                except Exception:
+                    logger.exception("retention pass crashed; retrying next interval")
 
     def list_topics(self) -> list[TopicInfo]:
         return sorted(self._topics.values(), key=lambda t: t.name)

@@ -265,6 +265,25 @@ class GroupRunner:
     ) -> Outcome:
         return self._engine.extend(refs, ack_timeout_ms, now_ms(), attempts)
 
+    def note_retention(self, topic: str, qid: int, min_offset: int) -> int:
+        """Retention deleted the queue's messages below ``min_offset``: a position behind it
+        skips ahead. Returns how many messages the group lost (never read or finished)."""
+        lost = self._engine.on_retention(topic, qid, min_offset)
+        if lost:
+            logger.warning(
+                "group=%s topic=%s qid=%d lost_to_retention=%d min_offset=%d",
+                self.name,
+                topic,
+                qid,
+                lost,
+                min_offset,
+            )
+            self._commit_kick.set()  # persist the skip
+        self._fetch_kick.set()
+        if self._engine.has_ready():
+            self._notify_ready()
+        return lost
+
     # -- operator calls ------------------------------------------------------------------------
     async def seek(self, topic: str, targets: dict[int, int]) -> None:
         self._engine.seek(topic, targets)

@@ -4,11 +4,12 @@ Install with the ``postgres`` extra (``pip install 'cproxy[postgres]'``). ``Post
 is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore`` protocols of
 ``base.py``) and keeps the same rules as the SQLite and memory stores.
 
-Schema (version 2: retention columns and ``queues.min_offset``; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
-``_pg_schema.MIGRATIONS`` is where a later version adds its migration):
+Schema (version 2; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
+``_pg_schema.MIGRATIONS`` holds the migration from each version to the next):
 
-- ``topics (tid, name, queues)`` and ``queues (tid, qid, next_offset, last_produced_at_ms)``:
-  one row per queue holds its offset counter and the last ``produced_at_ms`` (for clamping).
+- ``topics (tid, name, queues, retention_ms, retention_bytes)`` and ``queues (tid, qid,
+  next_offset, last_produced_at_ms, min_offset)``: one row per queue holds its offset counter,
+  the last ``produced_at_ms`` (for clamping) and the lowest offset retention kept.
 - ``messages (tid, qid, off, produced_at_ms, key, id, headers, body)``, primary key
   ``(tid, qid, off)``: a read is one range scan of that index. One row per message; record
   batches (one row per produce call) are a later schema version.
