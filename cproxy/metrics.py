@@ -42,7 +42,15 @@ _LATENCY_BUCKETS = (
     300,
 )
 
-_COUNTERS = ("delivered", "acked", "failed", "timed_out", "retried", "dead_lettered")
+_COUNTERS = (
+    "delivered",
+    "acked",
+    "failed",
+    "timed_out",
+    "retried",
+    "dead_lettered",
+    "lost_to_retention",
+)
 
 
 class _EngineCollector(Collector):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import orjson
+
 #: (topic, qid): one queue of one topic.
 QueueRef = tuple[str, int]
 #: (topic, qid, offset): one message.
@@ -92,13 +94,43 @@ class QueueStats:
 class QueueProgress:
     """Persisted progress of one group on one queue.
 
-    ``committed`` is the lowest unfinished offset. ``finished`` lists half-open ranges
-    ``[start, end)`` above it that are already acked or dead-lettered, so a restart does not
-    replay them. Ranges are sorted, disjoint and all start above ``committed``.
+    ``committed`` is the lowest unfinished offset. Above it, what is already finished (acked
+    or dead-lettered, so a restart does not replay it) is described in one of two forms:
+
+    - the compact form (``read_to`` set), written by this version: below ``read_to`` every
+      message is finished except the half-open ranges in ``open`` (messages that were held in
+      memory) and the messages of the order values in ``parked`` from the given offset on
+      (stuck keys whose waiting messages were released from memory). Its size grows with the
+      messages held in memory and the number of parked keys, never with the messages
+      finished behind a stuck key;
+    - the range form (``read_to`` None): ``finished`` lists half-open ranges ``[start, end)``
+      above ``committed`` that are finished (sorted, disjoint). Older versions wrote it.
     """
 
     committed: int
     finished: tuple[tuple[int, int], ...] = ()
+    read_to: int | None = None
+    open: tuple[tuple[int, int], ...] = ()
+    parked: tuple[tuple[str, int], ...] = ()
+
+    def detail_json(self) -> bytes:
+        """Everything but ``committed``, as stores keep it in one JSON column."""
+        if self.read_to is None:
+            return orjson.dumps(self.finished)
+        return orjson.dumps({"read_to": self.read_to, "open": self.open, "parked": self.parked})
+
+    @classmethod
+    def from_detail_json(cls, committed: int, detail: bytes | str) -> QueueProgress:
+        """The inverse of ``detail_json``; a JSON list is the range form."""
+        data = orjson.loads(detail)
+        if isinstance(data, list):
+            return cls(committed, tuple((int(s), int(e)) for s, e in data))
+        return cls(
+            committed,
+            read_to=int(data["read_to"]),
+            open=tuple((int(s), int(e)) for s, e in data["open"]),
+            parked=tuple((str(v), int(o)) for v, o in data["parked"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)

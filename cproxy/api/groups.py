@@ -84,7 +84,7 @@ async def put_group(
 
 @router.get("/{group}", summary="Group config and stats", dependencies=[UseGroup])
 async def get_group(group: str, broker: BrokerDep) -> Response:
-    return wire.json_response(wire.group_view(broker.describe_group(group)))
+    return wire.json_response(wire.group_view(await broker.describe_group(group)))
 
 
 @router.delete(

@@ -100,7 +100,7 @@ def group_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, **config}
 
 
-def _stats(stats: GroupStats, dead_lettered: int) -> dict[str, Any]:
+def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> dict[str, Any]:
     return {
         "queues": [
             {
@@ -109,9 +109,14 @@ def _stats(stats: GroupStats, dead_lettered: int) -> dict[str, Any]:
                 "committed_offset": q.committed_offset,
                 "next_offset": q.next_offset,
                 "lag": q.lag,
+                "lag_excluding_parked": q.lag_excluding_parked,
+                "lost_to_retention": q.lost_to_retention,
             }
             for q in stats.queues
         ],
+        "lag_excluding_parked": stats.lag_excluding_parked,
+        "oldest_unfinished_age_ms": oldest_age_ms,
+        "lost_to_retention": stats.lost_to_retention,
         "ready": stats.ready,
         "in_flight": stats.in_flight,
         "waiting": stats.waiting,
@@ -127,7 +132,7 @@ def _stats(stats: GroupStats, dead_lettered: int) -> dict[str, Any]:
 def group_view(view: GroupView) -> dict[str, Any]:
     return {
         **group_config(view.name, view.config.to_dict()),
-        "stats": _stats(view.stats, view.dead_lettered),
+        "stats": _stats(view.stats, view.dead_lettered, view.oldest_unfinished_age_ms),
     }
 
 

@@ -72,6 +72,8 @@ class GroupView:
     config: GroupConfig
     stats: GroupStats
     dead_lettered: int
+    #: Age of the oldest message not yet acked or dead-lettered (ms); None if none.
+    oldest_unfinished_age_ms: int | None = None
 
 
 class Broker:
@@ -360,12 +362,28 @@ class Broker:
             await self.store.delete_group(name)
             logger.info("group=%s deleted", name)
 
-    def describe_group(self, name: str) -> GroupView:
-        """A group's effective config and a snapshot of its state."""
+    async def describe_group(self, name: str) -> GroupView:
+        """A group's effective config and a snapshot of its state.
+
+        ``oldest_unfinished_age_ms`` is read from the store: the produce time of the message
+        at each queue's committed offset (None when every queue is caught up).
+        """
         runner = self._runner(name)
         stats = runner.stats()
         dead = runner.dead_letter_count + stats.pending_dead_letters
-        return GroupView(name, runner.config, stats, dead)
+        oldest: int | None = None
+        for q in stats.queues:
+            if q.committed_offset < q.next_offset:
+                try:
+                    first = await self.store.read(q.topic, q.qid, q.committed_offset, 1)
+                except StoreError as exc:
+                    logger.warning("group=%s oldest unfinished not read: %s", name, exc)
+                    continue
+                if first:
+                    at = first[0].produced_at_ms
+                    oldest = at if oldest is None else min(oldest, at)
+        age = None if oldest is None else max(0, now_ms() - oldest)
+        return GroupView(name, runner.config, stats, dead, age)
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""

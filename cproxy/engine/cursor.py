@@ -1,4 +1,4 @@
-"""Per-queue state of one group: where reading stands and what is finished."""
+"""Per-queue state of one group (where reading stands) and the reads the engine plans."""
 
 from __future__ import annotations
 
@@ -9,34 +9,79 @@ from cproxy.model import QueueProgress
 
 
 class QueueCursor:
-    """One (topic, qid) as seen by one group.
+    """One (topic, qid) as seen by one group: where reading stands.
 
     ``fetch_offset`` is the next offset to read from the store; ``end_offset`` the store's
-    next offset as last heard. ``epoch`` changes on seek so that reads planned before the seek
-    are recognised as stale when they complete.
+    next offset as last heard. Below ``fetch_offset`` a message is finished, held in memory,
+    or parked (its chain remembers it): so the committed offset (the lowest unfinished) is
+    derived from those, not kept here. ``epoch`` changes on seek so that reads planned before
+    the seek are recognised as stale when they complete.
+
+    After a restart, ``restore`` lists ranges that were held in memory when progress was
+    committed: they are read back whole before anything new of this queue is admitted, so
+    order within a chain holds. ``legacy`` answers "finished?" for progress written in the
+    older range form.
     """
 
-    __slots__ = ("end_offset", "epoch", "fetch_offset", "qid", "topic", "tracker")
+    __slots__ = (
+        "end_offset",
+        "epoch",
+        "fetch_offset",
+        "legacy",
+        "lost",
+        "qid",
+        "restore",
+        "topic",
+    )
 
     def __init__(self, topic: str, qid: int, progress: QueueProgress, end_offset: int) -> None:
         self.topic = topic
         self.qid = qid
-        self.tracker = OffsetTracker(progress.committed, progress.finished)
-        self.fetch_offset = self.tracker.base
         self.end_offset = end_offset
         self.epoch = 0
+        #: Messages this group never got because retention deleted them first.
+        self.lost = 0
+        self.legacy: OffsetTracker | None = None
+        self.restore: list[tuple[int, int]] = []
+        if progress.read_to is None:
+            self.legacy = OffsetTracker(progress.committed, progress.finished)
+            self.fetch_offset = self.legacy.base
+        else:
+            self.fetch_offset = max(progress.read_to, progress.committed)
+            self.restore = [(s, e) for s, e in progress.open if e > s]
 
-    @property
-    def lag(self) -> int:
-        return max(0, self.end_offset - self.tracker.base)
-
-    def progress(self) -> QueueProgress:
-        return QueueProgress(self.tracker.base, self.tracker.ranges())
+    def is_finished(self, offset: int) -> bool:
+        """Finished before a restart (only progress in the range form says so)."""
+        return self.legacy is not None and self.legacy.is_finished(offset)
 
     def reset(self, offset: int) -> None:
-        self.tracker.reset(offset)
+        """Restart at ``offset`` (a seek): everything held before is forgotten."""
+        self.legacy = None
+        self.restore = []
         self.fetch_offset = offset
         self.epoch += 1
+
+    def skip_to(self, offset: int) -> int:
+        """Retention deleted everything below ``offset``: skip unread messages there.
+
+        Returns how many messages this group lost (unread ones not finished before).
+        """
+        lost = 0
+        kept: list[tuple[int, int]] = []
+        for start, end in self.restore:
+            lost += max(0, min(end, offset) - start)
+            if end > offset:
+                kept.append((max(start, offset), end))
+        self.restore = kept
+        if self.fetch_offset < offset:
+            gap = offset - self.fetch_offset
+            if self.legacy is not None:
+                gap -= self.legacy.count_finished(self.fetch_offset, offset)
+            lost += gap
+            self.fetch_offset = offset
+        self.end_offset = max(self.end_offset, self.fetch_offset)
+        self.lost += lost
+        return lost
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +100,8 @@ class FetchRequest:
     epoch: int
     chain_value: str | None = None
     upto: int = 0
+    #: Reads back a range that was held in memory before a restart (see ``QueueCursor``).
+    restore: bool = False
 
     @property
     def is_reload(self) -> bool:

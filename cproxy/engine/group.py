@@ -21,6 +21,7 @@ from cproxy.engine.config import GroupConfig
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.operations import Operations
+from cproxy.engine.progress import snapshot
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Chain, Sequencer
@@ -68,9 +69,29 @@ class GroupEngine(Operations):
         self._topic_cursor = 0
         self._pending = CommitBatch()
         self._on_ack_latency_s = on_ack_latency_s
+        #: What was last handed out for persisting, per queue: commits send only changes.
+        self._persisted: dict[QueueRef, QueueProgress] = {}
+        for (topic, qid), p in progress.items():
+            for value, offset in p.parked:
+                self._seq.restore_parked(topic, value, qid, offset)
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
+
+    def _is_finished(self, message: Message) -> bool:
+        """Acked or dead-lettered (as far as this group's position says)."""
+        cur = self._reader.cursor(message.topic, message.qid)
+        offset = message.offset
+        if cur is None or offset >= cur.fetch_offset:
+            return False
+        if any(start <= offset < end for start, end in cur.restore):
+            return False
+        if offset in self._tally.held_offsets(message.topic, message.qid):
+            return False
+        value = self._order_value(message)
+        chain = None if value is None else self._seq.chain(message.topic, value)
+        low = None if chain is None else chain.lowest_unread(message.qid)
+        return low is None or offset < low
 
     def reads(self, topic: str) -> bool:
         """Whether the group subscribes to ``topic``."""
@@ -297,10 +318,6 @@ class GroupEngine(Operations):
         message = entry.message
         if entry.redriven:
             self._pending.redrive_done.append(message.ref)
-        else:
-            cur = self._reader.cursor(message.topic, message.qid)
-            assert cur is not None
-            cur.tracker.finish(message.offset)
         chain = entry.chain
         if chain is not None:
             if chain.head is entry:
@@ -317,20 +334,26 @@ class GroupEngine(Operations):
     def take_commit(self) -> CommitBatch:
         """Progress of queues changed since the last call, plus pending dead letters."""
         batch, self._pending = self._pending, CommitBatch()
-        for cur in self._reader.cursors():
-            if cur.tracker.dirty:
-                batch.progress[(cur.topic, cur.qid)] = cur.progress()
-                cur.tracker.dirty = False
+        for ref, p in self.progress().items():
+            if self._persisted.get(ref) != p:
+                batch.progress[ref] = self._persisted[ref] = p
         return batch
 
     def requeue(self, batch: CommitBatch) -> None:
         """A commit failed: keep its contents for the next one."""
-        for topic, qid in batch.progress:
-            cur = self._reader.cursor(topic, qid)
-            if cur is not None:
-                cur.tracker.dirty = True
+        for ref in batch.progress:
+            self._persisted.pop(ref, None)
         self._pending.dead_letters[:0] = batch.dead_letters
         self._pending.redrive_done[:0] = batch.redrive_done
 
     def progress(self) -> dict[QueueRef, QueueProgress]:
-        return {(p.topic, p.qid): p.progress() for p in self._reader.cursors()}
+        """Every queue's progress in its persisted form (see ``cproxy.engine.progress``)."""
+        return snapshot(self._reader.cursors(), self._tally, self._seq.chains())
+
+    def on_retention(self, topic: str, qid: int, min_offset: int) -> int:
+        """Retention deleted the queue's messages below ``min_offset``: skip those not read
+        yet and count them as lost (``stats().lost_to_retention``); returns how many."""
+        lost = self._reader.skip_to(topic, qid, min_offset)
+        if topic in self._counters:
+            self._counters[topic].lost_to_retention += lost
+        return lost

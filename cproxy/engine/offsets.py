@@ -48,6 +48,13 @@ class OffsetTracker:
         i = bisect_right(self._starts, offset) - 1
         return i >= 0 and offset < self._ends[i]
 
+    def count_finished(self, start: int, end: int) -> int:
+        """How many offsets in ``[start, end)`` are finished."""
+        count = max(0, min(end, self.base) - start)
+        for first, last in zip(self._starts, self._ends, strict=True):
+            count += max(0, min(end, last) - max(start, first))
+        return count
+
     def finish(self, offset: int) -> bool:
         """Mark ``offset`` finished; returns False when it already was."""
         if offset < self.base:

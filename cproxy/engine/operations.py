@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 
 from cproxy.engine.config import GroupConfig
 from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.progress import committed_offset, parked_by_queue
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import BlockedKey, GroupStats, QueuePosition, TopicCounts
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.errors import BlockedKeyNotFound, NotBlocked
-from cproxy.model import DeadLetter, Message, MessageRef
+from cproxy.model import DeadLetter, Message, MessageRef, QueueRef
 
 _STATE_NAMES = {
     State.READY: "ready",
@@ -42,6 +43,7 @@ class Operations:
     _retries: DeadlineHeap
     _pending: CommitBatch
     _order_value: Callable[[Message], str | None]
+    _is_finished: Callable[[Message], bool]
     _dead_letter: Callable[[Entry, int], None]
 
     def seek(self, topic: str, targets: Mapping[int, int]) -> None:
@@ -86,7 +88,7 @@ class Operations:
                 # marked as redriving, which would hide it for good).
                 self._pending.dead_letters.append(dataclasses.replace(dead, redriving=False))
                 continue
-            if not cur.tracker.is_finished(message.offset):
+            if not self._is_finished(message):
                 # A seek put it back in the normal flow: it will be delivered anyway.
                 self._pending.redrive_done.append(message.ref)
                 continue
@@ -166,12 +168,35 @@ class Operations:
         """A snapshot of the group's counts and positions."""
         tally = self._tally
         chains = list(self._seq.chains())
-        blocked = sum(1 for c in chains if c.head is not None and c.head.state is not State.READY)
-        blocked += sum(1 for e in self._exhausted.values() if e.chain is None)
-        queues = tuple(
-            QueuePosition(p.topic, p.qid, p.tracker.base, p.end_offset, p.lag, p.fetch_offset)
-            for p in self._reader.cursors()
-        )
+        blocked_heads = [
+            c for c in chains if c.head is not None and c.head.state is not State.READY
+        ]
+        blocked = len(blocked_heads) + sum(1 for e in self._exhausted.values() if e.chain is None)
+        # Messages waiting behind a blocked head do not count in lag_excluding_parked.
+        stuck_waiting: dict[QueueRef, int] = {}
+        for chain in blocked_heads:
+            for entry in chain.waiting:
+                ref = (entry.message.topic, entry.message.qid)
+                stuck_waiting[ref] = stuck_waiting.get(ref, 0) + 1
+        parked = parked_by_queue(chains)
+        queues = []
+        for cur in self._reader.cursors():
+            ref = (cur.topic, cur.qid)
+            held = tally.held_offsets(cur.topic, cur.qid)
+            committed = committed_offset(cur, held, parked.get(ref, []))
+            unread = max(0, cur.end_offset - cur.fetch_offset)
+            queues.append(
+                QueuePosition(
+                    topic=cur.topic,
+                    qid=cur.qid,
+                    committed_offset=committed,
+                    next_offset=cur.end_offset,
+                    lag=max(0, cur.end_offset - committed),
+                    fetch_offset=cur.fetch_offset,
+                    lag_excluding_parked=unread + len(held) - stuck_waiting.get(ref, 0),
+                    lost_to_retention=cur.lost,
+                )
+            )
         topics = tuple(
             TopicCounts(
                 topic,
@@ -184,11 +209,14 @@ class Operations:
                 c.timed_out,
                 c.retried,
                 c.dead_lettered,
+                c.lost_to_retention,
             )
             for topic, c in self._counters.items()
         )
         return GroupStats(
-            queues=queues,
+            queues=tuple(queues),
+            lag_excluding_parked=sum(q.lag_excluding_parked for q in queues),
+            lost_to_retention=sum(q.lost_to_retention for q in queues),
             topics=topics,
             ready=tally.count(State.READY),
             in_flight=tally.count(State.IN_FLIGHT),

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from cproxy.engine.cursor import FetchRequest, QueueCursor
-from cproxy.engine.sequencer import Sequencer
+from cproxy.engine.sequencer import Chain, Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 
@@ -94,6 +94,7 @@ class Reader:
         self.note_end(topic, qid, messages[-1].offset + 1)
         if (
             cur.fetch_offset != messages[0].offset
+            or cur.restore
             or self._tally.held + len(messages) > self._max_buffered
         ):
             return False
@@ -106,19 +107,38 @@ class Reader:
         self._park_if_stuck(now_ms)
         space = self._max_buffered - self._tally.held
         requests: list[FetchRequest] = []
+        # Ranges held in memory before a restart come back first, whole, in offset order.
+        for cur in self._cursors.values():
+            if cur.restore and space > 0:
+                start, end = cur.restore[0]
+                count = min(FETCH_BATCH, space, end - start)
+                request = FetchRequest(
+                    cur.topic, cur.qid, start, count, cur.epoch, upto=end, restore=True
+                )
+                requests.append(request)
+                space -= count
+        deferred: list[Chain] = []
         while space > 0 and (chain := self._seq.next_reload()) is not None:
             for qid, start in sorted(chain.parked.items()):
                 cur = self._cursors[(chain.topic, qid)]
+                if cur.restore:
+                    continue  # its restore reads admit (or park) these messages first
                 count = min(RELOAD_SCAN_BATCH, cur.fetch_offset - start)
-                chain.reloading += 1
+                chain.reloading[qid] = start
+                del chain.parked[qid]
                 requests.append(
                     FetchRequest(
                         chain.topic, qid, start, count, cur.epoch, chain.value, cur.fetch_offset
                     )
                 )
                 space -= count
-            chain.parked.clear()
-        curs = [p for p in self._cursors.values() if p.fetch_offset < p.end_offset]
+            if chain.parked:
+                deferred.append(chain)
+        for chain in deferred:
+            self._seq.reload_later(chain)
+        curs = [
+            p for p in self._cursors.values() if p.fetch_offset < p.end_offset and not p.restore
+        ]
         if not curs or space <= 0:
             return requests
         share = max(1, min(FETCH_BATCH, space // len(curs)))
@@ -159,12 +179,19 @@ class Reader:
         if request.is_reload:
             self._take_reload(request, cur, messages)
             return
-        if cur is None or cur.epoch != request.epoch or cur.fetch_offset != request.from_offset:
-            return  # planned before a seek, or overtaken by an offer: stale
+        if cur is None or cur.epoch != request.epoch:
+            return  # planned before a seek: stale
+        if request.restore:
+            self._take_restore(request, cur, messages)
+            return
+        if cur.fetch_offset != request.from_offset:
+            return  # overtaken by an offer: stale
         if not messages:
             # The store has nothing there (yet): trust it over our notion of the end.
             cur.end_offset = cur.fetch_offset
             return
+        if messages[0].offset > cur.fetch_offset:
+            cur.skip_to(messages[0].offset)  # retention deleted what was not read yet
         self._take_fetch(cur, messages)
 
     def on_read_failed(self, request: FetchRequest) -> None:
@@ -178,13 +205,32 @@ class Reader:
             return
         if cur is not None and cur.epoch == request.epoch:
             chain.note_parked(request.qid, request.from_offset)
-        self._seq.reload_done(chain)
+            self._seq.reload_done(chain, request.qid)
+        else:
+            self._seq.reload_done(chain, None)
+
+    def _take_restore(
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+    ) -> None:
+        if not cur.restore or cur.restore[0][0] != request.from_offset:
+            return  # stale
+        start, end = cur.restore[0]
+        for message in messages:
+            if message.offset >= end or self._tally.held >= self._max_buffered:
+                break
+            self._seq.admit(Entry(message), self._extract(message))
+            start = message.offset + 1
+        if len(messages) < request.max_count:
+            start = end  # the store has no more of the range (retention deleted it)
+        if start >= end:
+            cur.restore.pop(0)
+        else:
+            cur.restore[0] = (start, end)
 
     def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
-        tracker = cur.tracker
         limit = self._max_buffered
         for message in messages:
-            if tracker.is_finished(message.offset):
+            if cur.is_finished(message.offset):
                 cur.fetch_offset = message.offset + 1
                 continue  # finished before a restart
             if self._tally.held >= limit:
@@ -203,7 +249,7 @@ class Reader:
         if chain is None:
             return
         if cur is None or cur.epoch != request.epoch:
-            self._seq.reload_done(chain)
+            self._seq.reload_done(chain, None)
             return  # a seek dropped this queue's parked state meanwhile
         # Where the scan stopped: a full read may have more behind it; a short one reached
         # the end of what the store holds below ``upto``.
@@ -215,7 +261,7 @@ class Reader:
             if offset >= request.upto:
                 scanned_to = request.upto
                 break
-            if self._extract(message) != chain.value or cur.tracker.is_finished(offset):
+            if self._extract(message) != chain.value or cur.is_finished(offset):
                 continue
             if self._tally.held >= self._max_buffered:
                 scanned_to = offset  # no room: the rest of the chain stays parked
@@ -224,9 +270,14 @@ class Reader:
         scanned_to = min(scanned_to, request.upto)
         if scanned_to < request.upto:
             chain.note_parked(request.qid, scanned_to)
-        self._seq.reload_done(chain)
+        self._seq.reload_done(chain, request.qid)
 
     # -- operator actions ----------------------------------------------------------------------
     def reset(self, topic: str, qid: int, offset: int) -> None:
         """Restart a queue at ``offset``: reads planned before are recognised as stale."""
         self._cursors[(topic, qid)].reset(offset)
+
+    def skip_to(self, topic: str, qid: int, min_offset: int) -> int:
+        """Retention moved the queue's first offset: skip what is gone; returns how many."""
+        cur = self._cursors.get((topic, qid))
+        return 0 if cur is None else cur.skip_to(min_offset)

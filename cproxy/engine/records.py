@@ -35,6 +35,7 @@ class Counters:
     timed_out: int = 0
     retried: int = 0
     dead_lettered: int = 0
+    lost_to_retention: int = 0
 
 
 @dataclass(slots=True)

@@ -41,12 +41,18 @@ class Chain:
         self.waiting: deque[Entry] = deque()
         #: qid -> earliest offset dropped from memory and not yet reloaded.
         self.parked: dict[int, int] = {}
-        #: Reloads in progress; while any runs, arrivals stay parked to keep offset order.
-        self.reloading = 0
+        #: qid -> where a reload under way started; while one runs, arrivals stay parked to
+        #: keep offset order.
+        self.reloading: dict[int, int] = {}
 
     @property
     def is_parked(self) -> bool:
-        return bool(self.parked) or self.reloading > 0
+        return bool(self.parked) or bool(self.reloading)
+
+    def lowest_unread(self, qid: int) -> int | None:
+        """The lowest offset of this chain in queue ``qid`` that is not in memory, if any."""
+        offsets = [o for o in (self.parked.get(qid), self.reloading.get(qid)) if o is not None]
+        return min(offsets) if offsets else None
 
     def note_parked(self, qid: int, offset: int) -> None:
         """Remember that ``offset`` of queue ``qid`` was dropped and must be reloaded."""
@@ -181,7 +187,7 @@ class Sequencer:
             self._make_ready(nxt, reactivated=True)
             return
         chain.head = None
-        if chain.parked and chain.reloading == 0:
+        if chain.parked and not chain.reloading:
             self._reloads.append(chain)
         elif not chain.is_parked:
             del self._chains[(chain.topic, chain.value)]
@@ -202,16 +208,34 @@ class Sequencer:
                 break
 
     def next_reload(self) -> Chain | None:
-        """A chain to reload, or None; the caller must call ``reload_started`` for each read."""
+        """A chain to reload, or None; the caller marks each read in ``chain.reloading``."""
         return self._reloads.pop() if self._reloads else None
 
-    def reload_done(self, chain: Chain) -> None:
-        """One reload read of ``chain`` was handed back."""
-        chain.reloading -= 1
-        if chain.head is None and chain.parked and chain.reloading == 0:
+    def reload_later(self, chain: Chain) -> None:
+        """``chain`` still has parked queues that could not be read yet: plan them again."""
+        if chain not in self._reloads:
+            self._reloads.append(chain)
+
+    def reload_done(self, chain: Chain, qid: int | None) -> None:
+        """The reload read of ``chain`` in queue ``qid`` was handed back (or failed).
+
+        ``qid`` None: the read was stale (a seek cleared its queue's reload state already).
+        """
+        if qid is not None:
+            chain.reloading.pop(qid, None)
+        if chain.head is None and chain.parked and not chain.reloading:
             self._reloads.append(chain)  # found nothing yet: keep scanning
         elif chain.head is None and not chain.is_parked:
             self._chains.pop((chain.topic, chain.value), None)
+
+    def restore_parked(self, topic: str, value: str, qid: int, offset: int) -> None:
+        """After a restart: the chain's messages from ``offset`` on in ``qid`` are unread."""
+        key = (topic, value)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = Chain(topic, value)
+            self._reloads.append(chain)
+        chain.note_parked(qid, offset)
 
     # -- operator views and actions ------------------------------------------------------------
     def chains(self) -> Iterator[Chain]:
@@ -236,6 +260,7 @@ class Sequencer:
                     dropped.extend(gone)
             for qid in qids:
                 chain.parked.pop(qid, None)
+                chain.reloading.pop(qid, None)  # its answer will be stale (new epoch)
             if chain.head is not None and hit(chain.head):
                 dropped.append(chain.head)
                 self.head_done(chain)

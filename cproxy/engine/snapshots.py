@@ -42,6 +42,10 @@ class QueuePosition:
     lag: int
     #: The next offset the group reads from the store (above it nothing is held yet).
     fetch_offset: int
+    #: Unfinished messages not counting those behind a blocked or parked head.
+    lag_excluding_parked: int
+    #: Messages retention deleted before this group read them.
+    lost_to_retention: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +62,7 @@ class TopicCounts:
     timed_out: int
     retried: int
     dead_lettered: int
+    lost_to_retention: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,10 @@ class GroupStats:
 
     queues: tuple[QueuePosition, ...]
     topics: tuple[TopicCounts, ...]
+    #: Unfinished messages, not counting those behind a blocked or parked chain head.
+    lag_excluding_parked: int
+    #: Messages retention deleted before the group read them (since the group started).
+    lost_to_retention: int
     ready: int
     in_flight: int
     waiting: int

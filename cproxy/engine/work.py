@@ -83,26 +83,42 @@ class Entry:
 class Tally:
     """Per-topic counts of entries by state; ``move`` is the only way to change a state."""
 
-    __slots__ = ("_counts", "held")
+    __slots__ = ("_counts", "_offsets", "held")
 
     def __init__(self, topics: list[str]) -> None:
         self._counts: dict[str, list[int]] = {topic: [0] * len(State) for topic in topics}
         #: Entries held in memory in any state: what ``max_buffered`` bounds. Read on every
         #: admitted message, so it is kept here rather than summed.
         self.held = 0
+        #: Offsets held per queue (redriven dead letters excepted: their offsets are
+        #: committed already): the committed offset is never above the lowest of them.
+        self._offsets: dict[tuple[str, int], set[int]] = {}
 
     def move(self, entry: Entry, state: State) -> None:
         old = entry.state
         if old is state:
             return
-        counts = self._counts[entry.message.topic]
+        message = entry.message
+        counts = self._counts[message.topic]
         counts[old] -= 1
         counts[state] += 1
         if old is State.OUT:
             self.held += 1
+            if not entry.redriven:
+                ref = (message.topic, message.qid)
+                held = self._offsets.get(ref)
+                if held is None:
+                    held = self._offsets[ref] = set()
+                held.add(message.offset)
         elif state is State.OUT:
             self.held -= 1
+            if not entry.redriven:
+                self._offsets[(message.topic, message.qid)].discard(message.offset)
         entry.state = state
+
+    def held_offsets(self, topic: str, qid: int) -> set[int]:
+        """Offsets of the queue held in memory (do not modify)."""
+        return self._offsets.get((topic, qid)) or set()
 
     def count(self, state: State, topic: str | None = None) -> int:
         if topic is not None:

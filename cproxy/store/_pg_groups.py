@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import asyncpg
-import orjson
 
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store._pg_base import PgBase
@@ -52,9 +51,7 @@ class PgGroupState(PgBase):
                 group,
             )
         return {
-            (name, qid): QueueProgress(
-                committed, tuple((int(s), int(e)) for s, e in orjson.loads(finished))
-            )
+            (name, qid): QueueProgress.from_detail_json(committed, finished)
             for name, qid, committed, finished in rows
         }
 
@@ -70,7 +67,7 @@ class PgGroupState(PgBase):
             progress_rows: list[tuple[int, int, int, str]] = []
             for (topic, qid), p in progress.items():
                 tid = (await self._topic(conn, topic))[0]
-                progress_rows.append((tid, qid, p.committed, orjson.dumps(p.finished).decode()))
+                progress_rows.append((tid, qid, p.committed, p.detail_json().decode()))
             # One row per message, the last one winning (as an upsert of each in turn would).
             dead_rows: dict[tuple[int, int, int], tuple[Any, ...]] = {}
             for dl in dead_letters:

@@ -30,8 +30,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from cproxy.errors import ConfigError
 from cproxy.model import (
     AppendResult,
@@ -208,9 +206,7 @@ class SqliteStore(SqliteTopics):
             ).fetchall()
         )
         return {
-            (self._names[tid], qid): QueueProgress(
-                committed, tuple((int(s), int(e)) for s, e in orjson.loads(finished))
-            )
+            (self._names[tid], qid): QueueProgress.from_detail_json(committed, finished)
             for tid, qid, committed, finished in rows
         }
 
@@ -223,7 +219,7 @@ class SqliteStore(SqliteTopics):
     ) -> None:
         # Build every row first: an unknown topic raises before the transaction starts.
         progress_rows = [
-            (group, self._topic(topic)[0], qid, p.committed, orjson.dumps(p.finished).decode())
+            (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
             for (topic, qid), p in progress.items()
         ]
         dead_rows = [

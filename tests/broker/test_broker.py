@@ -171,12 +171,12 @@ async def test_group_update_keeps_progress_and_validation_errors() -> None:
         with pytest.raises(TopicNotFound):
             await broker.put_group("h", config(topics={"nope": {}}))
         with pytest.raises(GroupNotFound):
-            broker.describe_group("h")
+            await broker.describe_group("h")
         with pytest.raises(InvalidRequest):
             await broker.produce("t", [NewMessage(None, b"1", qid=5)])
         await broker.delete_group("g")
         with pytest.raises(GroupNotFound):
-            broker.describe_group("g")
+            await broker.describe_group("g")
         assert await store.load_progress("g") == {}
 
 
