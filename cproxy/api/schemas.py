@@ -28,9 +28,24 @@ def _topic_name(name: str) -> str:
         raise ValueError(exc.message) from None  # pydantic reports it: 422 validation_error
 
 
+#: A retention bound: a positive JSON integer, or null for unbounded.
+Retention = Annotated[StrictInt, Field(ge=1, le=2**62)] | None
+
+
 class CreateTopic(_Strict):
+    """``retention_ms``/``retention_bytes`` left out: an existing topic keeps its own."""
+
     name: Annotated[StrictStr, AfterValidator(_topic_name)]
     queues: Annotated[StrictInt, Field(ge=1, le=1024)] = 1
+    retention_ms: Retention = None
+    retention_bytes: Retention = None
+
+
+class UpdateTopic(_Strict):
+    """``PATCH /v1/topics/{topic}``: a field left out keeps its value; null is unbounded."""
+
+    retention_ms: Retention = None
+    retention_bytes: Retention = None
 
 
 class OutMessage(_Strict):

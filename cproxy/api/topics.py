@@ -16,7 +16,7 @@ from . import wire
 from .auth import require
 from .deps import BrokerDep
 from .routing import CproxyRoute
-from .schemas import CreateTopic, Produce
+from .schemas import CreateTopic, Produce, UpdateTopic
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=CproxyRoute)
 
@@ -29,8 +29,37 @@ async def create_topic(
     token: Annotated[Token | None, Depends(require("create_topic"))],
 ) -> Response:
     request.app.state.authorizer.check(token, "create_topic", [body.name])
-    info, created = await broker.create_topic(body.name, body.queues)
+    retention = None
+    if body.model_fields_set & {"retention_ms", "retention_bytes"}:
+        retention = (body.retention_ms, body.retention_bytes)
+    info, created = await broker.create_topic(body.name, body.queues, retention)
     return wire.json_response(wire.topic(info), 201 if created else 200)
+
+
+@router.patch(
+    "/{topic}",
+    summary="Change a topic's retention",
+    dependencies=[Depends(require("create_topic"))],
+)
+async def update_topic(topic: str, body: UpdateTopic, broker: BrokerDep) -> Response:
+    info = broker.topic(topic)
+    given = body.model_fields_set
+    info = await broker.update_topic(
+        topic,
+        body.retention_ms if "retention_ms" in given else info.retention_ms,
+        body.retention_bytes if "retention_bytes" in given else info.retention_bytes,
+    )
+    return wire.json_response(wire.topic(info))
+
+
+@router.delete(
+    "/{topic}",
+    summary="Delete a topic no group reads (admin)",
+    dependencies=[Depends(require("delete_topic"))],
+)
+async def delete_topic(topic: str, broker: BrokerDep) -> Response:
+    await broker.delete_topic(topic)
+    return wire.json_response({"deleted": topic})
 
 
 @router.get("", summary="List topics (those in the token's scope)")

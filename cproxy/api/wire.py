@@ -31,7 +31,13 @@ def error(status_code: int, code: str, message: str) -> Response:
 
 # -- topics and produce ----------------------------------------------------------------------
 def topic(info: TopicInfo) -> dict[str, Any]:
-    return {"name": info.name, "queues": info.queues}
+    """A topic; with a retention bound, both bounds (null: unbounded). A topic without any
+    keeps the original shape ``{"name", "queues"}``."""
+    out: dict[str, Any] = {"name": info.name, "queues": info.queues}
+    if info.retention_ms is not None or info.retention_bytes is not None:
+        out["retention_ms"] = info.retention_ms
+        out["retention_bytes"] = info.retention_bytes
+    return out
 
 
 def topics(infos: Iterable[TopicInfo]) -> dict[str, Any]:

@@ -102,7 +102,7 @@ class Broker:
         self.accepting = False
         #: ``now_ms()`` of the last append that failed with ``StoreError``, None after a success.
         self._append_failed_at_ms: int | None = None
-        self._retention_scope = anyio.CancelScope()
+        self._retention_scope: anyio.CancelScope | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -140,7 +140,8 @@ class Broker:
     async def stop(self) -> None:
         """Stop taking work, persist every group's progress, close the store."""
         self.accepting = False
-        self._retention_scope.cancel()
+        if self._retention_scope is not None:
+            self._retention_scope.cancel()
         for runner in list(self.groups.values()):
             await runner.close()
         self.groups.clear()
@@ -249,7 +250,7 @@ class Broker:
         return lost
 
     async def _retention_loop(self) -> None:
-        with self._retention_scope:
+        with anyio.CancelScope() as self._retention_scope:
             while True:
                 await anyio.sleep(self.settings.retention_interval_ms / 1000)
                 try:

@@ -53,6 +53,11 @@ def _calls() -> dict[str, tuple[str, str, Any]]:
         "topic-create-b": ("POST", "/v1/topics", {"name": "b", "queues": 1}),
         "topic-get-a": ("GET", "/v1/topics/a", None),
         "topic-get-b": ("GET", "/v1/topics/b", None),
+        # An empty PATCH changes nothing; b is read by h, so its delete is refused (409).
+        "topic-patch-a": ("PATCH", "/v1/topics/a", {}),
+        "topic-patch-b": ("PATCH", "/v1/topics/b", {}),
+        "topic-delete-b": ("DELETE", "/v1/topics/b", None),
+        "topic-delete-zz": ("DELETE", "/v1/topics/zz", None),
         "produce-a": ("POST", "/v1/topics/a/messages", {"messages": [{"body": "filler"}]}),
         "produce-b": ("POST", "/v1/topics/b/messages", {"messages": [{"body": "filler"}]}),
         "groups-list": ("GET", "/v1/groups", None),
@@ -96,6 +101,10 @@ topic-create-a       401  401 200   200  200    403  403    403    403
 topic-create-b       401  401 200   200  403    403  403    403    403
 topic-get-a          401  401 200   200  200    200  200    200    200
 topic-get-b          401  401 200   200  403    200  403    200    403
+topic-patch-a        401  401 200   200  200    403  403    403    403
+topic-patch-b        401  401 200   200  403    403  403    403    403
+topic-delete-b       401  401 409   403  403    403  403    403    403
+topic-delete-zz      401  401 404   403  403    403  403    403    403
 produce-a            401  401 200   200  200    403  403    403    403
 produce-b            401  401 200   200  403    403  403    403    403
 groups-list          401  401 200   200  200    200  200    200    200
