@@ -86,8 +86,8 @@ def test_retention_bytes_keeps_the_newest_messages_per_queue(
     with fresh_client(server) as client:
         assert post_topic(client, name="sized", queues=2).status_code == 201
         # Bodies of 10 bytes ("12345678" with its quotes), no key: 10 bytes each.
-        produce(client, "sized", [{"qid": 0, "body": "%08d" % i} for i in range(30)])
-        produce(client, "sized", [{"qid": 1, "body": "%08d" % 0}])
+        produce(client, "sized", [{"qid": 0, "body": f"{i:08d}"} for i in range(30)])
+        produce(client, "sized", [{"qid": 1, "body": f"{0:08d}"}])
         patched = client.patch("/v1/topics/sized", json={"retention_bytes": 55})
         assert patched.status_code == 200, patched.text
         assert patched.json()["retention_bytes"] == 55
