@@ -77,7 +77,7 @@ async def test_schema_version_is_recorded_and_a_newer_one_is_refused(pg_dsn: str
     await s.open()
     await s.create_topic("t", 2)
     await s.close()
-    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "1"
+    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "2"
     await s.open()  # an existing schema of our version opens as it is
     assert await s.list_topics() == [TopicInfo("t", 2)]
     await s.close()
@@ -85,6 +85,27 @@ async def test_schema_version_is_recorded_and_a_newer_one_is_refused(pg_dsn: str
     with pytest.raises(StoreError, match="newer"):
         await s.open()
     assert not await s.ping()
+
+
+async def test_a_version_1_schema_is_migrated(pg_dsn: str) -> None:
+    s = PostgresStore(pg_dsn)
+    await s.open()
+    await s.create_topic("t", 1)
+    await s.append("t", [msg(0, b"1")], T0, 0)
+    await s.close()
+    # Back to what version 1 had: no retention columns, no min_offset.
+    await sql(pg_dsn, "ALTER TABLE topics DROP COLUMN retention_ms, DROP COLUMN retention_bytes")
+    await sql(pg_dsn, "ALTER TABLE queues DROP COLUMN min_offset")
+    await sql(pg_dsn, "UPDATE cproxy_meta SET v = '1' WHERE k = 'schema_version'")
+    await s.open()
+    try:
+        assert await s.list_topics() == [TopicInfo("t", 1)]
+        assert [q.min_offset for q in await s.queue_stats("t")] == [0]
+        await s.update_topic("t", 1000, None)
+        assert await s.apply_retention("t", T0 + 5000) == {0: 1}
+    finally:
+        await s.close()
+    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "2"
 
 
 async def test_unreachable_server_raises_store_error() -> None:
