@@ -109,7 +109,10 @@ TOPIC_CASES = [
     pytest.param(bare("GET", "/v1/topics/nope", 404, "topic_not_found"), id="topics-get-unknown"),
     pytest.param(bare("GET", "/v1/topics/%20", 404, "topic_not_found"), id="topics-get-space"),
     pytest.param(bare("PATCH", "/v1/topics", 405, "method_not_allowed"), id="topics-patch"),
-    pytest.param(bare("DELETE", "/v1/topics/t", 405, "method_not_allowed"), id="topics-delete"),
+    pytest.param(bare("DELETE", "/v1/topics", 405, "method_not_allowed"), id="topics-delete"),
+    pytest.param(
+        bare("DELETE", "/v1/topics/nope", 404, "topic_not_found"), id="topics-delete-unknown"
+    ),
     pytest.param(bare("GET", "/v1/no-such-route", 404, "not_found"), id="unknown-route"),
 ]
 
