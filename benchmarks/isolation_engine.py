@@ -45,7 +45,7 @@ from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.records import Result
 from cproxy.model import Message, QueueProgress
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 
 TOPIC = "iso"
 STALL_LIMIT_MS = 5_000
@@ -56,7 +56,7 @@ class QueueLog:
 
     def __init__(self, messages: int, keys: int, queues: int) -> None:
         self.queues: list[list[Message]] = [[] for _ in range(queues)]
-        qids = [partition_for_key(f"k{k}", queues) for k in range(keys)]
+        qids = [queue_for_key(f"k{k}", queues) for k in range(keys)]
         for i in range(messages):
             k = i % keys
             q = self.queues[qids[k]]

@@ -39,7 +39,7 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -204,7 +204,7 @@ class Broker:
                         f"queues 0..{queues - 1}"
                     )
             elif m.key is not None:
-                m.qid = partition_for_key(m.key, queues)
+                m.qid = queue_for_key(m.key, queues)
             else:
                 m.qid = next(rr) % queues
         try:

@@ -20,7 +20,7 @@ Rules of the log (``MessageLog``):
 
 - Offsets per (topic, qid) start at 0 and are contiguous and increasing.
 - ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
-- ``append`` requires ``NewMessage.qid`` to be set (the broker's partitioner fills it in); a
+- ``append`` requires ``NewMessage.qid`` to be set (the broker fills it in: see ``cproxy.placement``); a
   message with ``qid=None`` raises ``InvalidRequest``. Each ``AppendResult`` carries the stored
   ``Message`` (``None`` for a duplicate), so callers need not rebuild it.
 - Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
