@@ -41,8 +41,8 @@ from benchmarks.harness.report import (
 )
 from benchmarks.harness.server import this_tree
 from cproxy.broker.drive import fetch_round
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.model import Message, QueueProgress
 from cproxy.placement import queue_for_key

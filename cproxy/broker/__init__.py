@@ -5,7 +5,7 @@ records it takes and returns, re-exported here so that nothing above the broker 
 engine's modules.
 """
 
-from cproxy.engine.config import GroupConfig
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 

@@ -20,7 +20,7 @@ import orjson
 from anyio.abc import TaskGroup
 
 from cproxy.config import Settings
-from cproxy.engine.config import GroupConfig
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
 from cproxy.errors import (
