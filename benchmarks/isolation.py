@@ -58,7 +58,7 @@ from benchmarks.harness.report import (
     table,
 )
 from benchmarks.harness.server import servers
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 
 TOPIC = "iso"
 END_STATS = ("buffered", "in_flight", "waiting", "retrying", "blocked_keys", "parked_keys")
@@ -134,7 +134,7 @@ async def paired_run(side: Side, args: Any, order: str, stall: str, tag: str) ->
 
 async def run(args: Any, the_servers: Any) -> dict[str, Any]:
     stalled_keys = [k for k in range(args.keys) if k % args.stall_every == 0]
-    stalled_queues = sorted({partition_for_key(f"k{k}", args.queues) for k in stalled_keys})
+    stalled_queues = sorted({queue_for_key(f"k{k}", args.queues) for k in stalled_keys})
     args.healthy_total = sum(
         1 for i in range(args.messages) if (i % args.keys) % args.stall_every != 0
     )

@@ -41,11 +41,11 @@ from benchmarks.harness.report import (
 )
 from benchmarks.harness.server import this_tree
 from cproxy.broker.drive import fetch_round
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.model import Message, QueueProgress
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 
 TOPIC = "iso"
 STALL_LIMIT_MS = 5_000
@@ -56,7 +56,7 @@ class QueueLog:
 
     def __init__(self, messages: int, keys: int, queues: int) -> None:
         self.queues: list[list[Message]] = [[] for _ in range(queues)]
-        qids = [partition_for_key(f"k{k}", queues) for k in range(keys)]
+        qids = [queue_for_key(f"k{k}", queues) for k in range(keys)]
         for i in range(messages):
             k = i % keys
             q = self.queues[qids[k]]

@@ -48,7 +48,7 @@ from benchmarks.harness.probe import rss
 from benchmarks.harness.report import arg_parser, finish, machine_facts, progress, table
 from benchmarks.harness.server import ServerProcess, running, this_tree
 from cproxy.model import NewMessage
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 from cproxy.store.sqlite import SqliteStore
 
 QUEUES = 8
@@ -65,7 +65,7 @@ async def populate(data_dir: Path, topics: dict[str, tuple[int, int]]) -> dict[s
         for name, (messages, keys) in topics.items():
             t0 = time.perf_counter()
             await store.create_topic(name, QUEUES)
-            qids = [partition_for_key(f"k{k}", QUEUES) for k in range(keys)]
+            qids = [queue_for_key(f"k{k}", QUEUES) for k in range(keys)]
             pad = "x" * 70
             for start in range(0, messages, 1000):
                 batch = [

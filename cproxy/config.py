@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from cproxy.engine.config import GroupConfig
+from cproxy.engine.group_config import GroupConfig
 from cproxy.errors import ConfigError, InvalidRequest
 
 #: Topic and group names: 1..200 of ``A-Z a-z 0-9 . _ -``, but not dots alone (``.`` and

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from cproxy.broker.broker import Broker
+    from cproxy.broker import Broker
 
 _LATENCY_BUCKETS = (
     0.001,

@@ -44,7 +44,7 @@ class NewMessage:
     """A message of a produce call, from the HTTP layer to the store; nothing stored yet.
 
     ``qid`` is the queue the producer asked for, or ``None`` to let the broker choose: the
-    broker fills it in place (partitioner by key, else round robin) before ``append``, and
+    broker fills it in place (placement by key, else round robin) before ``append``, and
     stores require it set.
     """
 

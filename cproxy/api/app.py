@@ -10,7 +10,7 @@ import anyio
 from fastapi import FastAPI
 
 from cproxy import __version__
-from cproxy.broker.broker import Broker
+from cproxy.broker import Broker
 from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store

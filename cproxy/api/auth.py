@@ -32,7 +32,7 @@ from typing import Literal
 
 from fastapi import Request
 
-from cproxy.broker.broker import GroupSummary
+from cproxy.broker import GroupSummary
 from cproxy.config import Settings, Token
 from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from cproxy.broker.broker import Broker
+from cproxy.broker import Broker
 
 
 async def _broker(request: Request) -> Broker:

@@ -11,9 +11,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Query, Request
 from starlette.responses import Response
 
+from cproxy.broker import GroupConfig, Result
 from cproxy.config import Token, check_name
-from cproxy.engine.config import GroupConfig
-from cproxy.engine.records import Result
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
 

@@ -13,9 +13,15 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from cproxy.broker.broker import GroupSummary, GroupView
-from cproxy.broker.runner import PullResult
-from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
+from cproxy.broker import (
+    BlockedKey,
+    Delivery,
+    GroupStats,
+    GroupSummary,
+    GroupView,
+    Outcome,
+    PullResult,
+)
 from cproxy.model import AppendResult, DeadLetter, Message, MessageRef, QueueStats, TopicInfo
 
 _NULL = orjson.Fragment(b"null")

@@ -1,1 +1,27 @@
-"""Drives the pure engine with a store: the broker and its per-group runners."""
+"""Drives the pure engine with a store: the broker facade and its per-group runners.
+
+The HTTP layer and the metrics see only this package: the ``Broker`` facade and the plain
+records it takes and returns, re-exported here so that nothing above the broker imports the
+engine's modules.
+"""
+
+from cproxy.engine.group_config import GroupConfig
+from cproxy.engine.records import Result
+from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
+
+from .broker import Broker, GroupSummary, GroupView, SeekTarget
+from .runner import PullResult
+
+__all__ = [
+    "BlockedKey",
+    "Broker",
+    "Delivery",
+    "GroupConfig",
+    "GroupStats",
+    "GroupSummary",
+    "GroupView",
+    "Outcome",
+    "PullResult",
+    "Result",
+    "SeekTarget",
+]

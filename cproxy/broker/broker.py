@@ -20,7 +20,7 @@ import orjson
 from anyio.abc import TaskGroup
 
 from cproxy.config import Settings
-from cproxy.engine.config import GroupConfig
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
 from cproxy.errors import (
@@ -41,7 +41,7 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -290,7 +290,7 @@ class Broker:
                         f"queues 0..{queues - 1}"
                     )
             elif m.key is not None:
-                m.qid = partition_for_key(m.key, queues)
+                m.qid = queue_for_key(m.key, queues)
             else:
                 m.qid = next(rr) % queues
         try:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import anyio
 from anyio.abc import TaskGroup
 
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import StoreError

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.operations import Operations
 from cproxy.engine.progress import snapshot
 from cproxy.engine.reader import Reader

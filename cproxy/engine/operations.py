@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.progress import committed_offset, parked_by_queue
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters

@@ -110,21 +110,18 @@ class Sequencer:
         elif chain.is_parked and not force:
             chain.note_parked(entry.message.qid, entry.message.offset)
             return False
-        entry.chain = chain
-        if chain.head is None:
-            chain.head = entry
-            self._make_ready(entry, reactivated=False)
-        else:
-            chain.waiting.append(entry)
-            self._tally.move(entry, State.WAITING)
+        self._join(entry, chain, reactivated=False)
         return True
 
     def admit_reloaded(self, entry: Entry, chain: Chain) -> None:
         """Hold a message read back for a parked chain (a reload), in offset order."""
+        self._join(entry, chain, reactivated=True)
+
+    def _join(self, entry: Entry, chain: Chain, *, reactivated: bool) -> None:
         entry.chain = chain
         if chain.head is None:
             chain.head = entry
-            self._make_ready(entry, reactivated=True)
+            self._make_ready(entry, reactivated=reactivated)
         else:
             chain.waiting.append(entry)
             self._tally.move(entry, State.WAITING)

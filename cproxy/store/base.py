@@ -20,9 +20,10 @@ Rules of the log (``MessageLog``):
 
 - Offsets per (topic, qid) start at 0 and are contiguous and increasing.
 - ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
-- ``append`` requires ``NewMessage.qid`` to be set (the broker's partitioner fills it in); a
-  message with ``qid=None`` raises ``InvalidRequest``. Each ``AppendResult`` carries the stored
-  ``Message`` (``None`` for a duplicate), so callers need not rebuild it.
+- ``append`` requires ``NewMessage.qid`` to be set (the broker places it, see
+  ``cproxy.placement``); a message with ``qid=None`` raises ``InvalidRequest``. Each
+  ``AppendResult`` carries the stored ``Message`` (``None`` for a duplicate), so callers need
+  not rebuild it.
 - Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
   stored again; its result is the original qid/offset with ``duplicate=True``. Two messages with
   one id in a single call: the second is a duplicate of the first. An entry counts while

@@ -68,45 +68,10 @@ MODES = {
 }
 
 
-@pytest.mark.parametrize("order_by", list(MODES))
-async def test_order_per_value_with_8_pullers_and_random_fails(
-    server: RunningServer, order_by: str
-) -> None:
-    make, value_of = MODES[order_by]
-    with server.client() as client:
-        setup(
-            client,
-            {
-                "topics": {"t": {"order_by": order_by}},
-                "retry_backoff_ms": [5],
-                "max_attempts": 10,
-            },
-        )
-        produce(client, [make(i) for i in range(600)])
-        log = Log()
-        stop = anyio.Event()
-        async with anyio.create_task_group() as tg:
-            for seed in range(8):
-                tg.start_soon(consume, server.url, "g", log, value_of, stop, 0.2, 3, seed)
-            deadline = time.monotonic() + 60
-            while not await anyio.to_thread.run_sync(drained, client):
-                assert time.monotonic() < deadline, "not drained in 60 s"
-                await anyio.sleep(0.05)
-            stop.set()
-    assert len(log.acked_at) == 600, "every message acked"
-    assert log.batches_with_repeated_values == 0
-    assert order_violations(log) == []
-    retried = sum(1 for d in log.deliveries.values() if len(d) > 1)
-    assert retried > 0, "random fails caused redeliveries"
-    if order_by != "none":
-        chains = {v for v in log.values.values()}
-        assert len(chains) > 1
-
-
-@pytest.mark.parametrize("order_by", list(MODES))
-async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
-    server: RunningServer, order_by: str
-) -> None:
+async def _eight_pullers(
+    server: RunningServer, order_by: str, fail_rate: float, max_per_key: int = 1
+) -> Log:
+    """600 messages, 8 concurrent pullers with random fails, until every one is acked."""
     make, value_of = MODES[order_by]
     with server.client() as client:
         setup(
@@ -130,10 +95,10 @@ async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
                         log,
                         value_of,
                         stop,
-                        fail_rate=0.1,
+                        fail_rate=fail_rate,
                         max_attempts=3,
                         seed=seed,
-                        max_per_key=8,
+                        max_per_key=max_per_key,
                     )
                 )
             deadline = time.monotonic() + 60
@@ -141,6 +106,29 @@ async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
                 assert time.monotonic() < deadline, "not drained in 60 s"
                 await anyio.sleep(0.05)
             stop.set()
+    return log
+
+
+@pytest.mark.parametrize("order_by", list(MODES))
+async def test_order_per_value_with_8_pullers_and_random_fails(
+    server: RunningServer, order_by: str
+) -> None:
+    log = await _eight_pullers(server, order_by, 0.2)
+    assert len(log.acked_at) == 600, "every message acked"
+    assert log.batches_with_repeated_values == 0
+    assert order_violations(log) == []
+    retried = sum(1 for d in log.deliveries.values() if len(d) > 1)
+    assert retried > 0, "random fails caused redeliveries"
+    if order_by != "none":
+        chains = {v for v in log.values.values()}
+        assert len(chains) > 1
+
+
+@pytest.mark.parametrize("order_by", list(MODES))
+async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
+    server: RunningServer, order_by: str
+) -> None:
+    log = await _eight_pullers(server, order_by, 0.1, max_per_key=8)
     assert len(log.acked_at) == 600, "every message acked"
     assert order_violations(log) == []
     if order_by != "none":

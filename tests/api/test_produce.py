@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cproxy.config import Limits
-from cproxy.partitioner import partition_for_key
+from cproxy.placement import queue_for_key
 from tests.api.http_helpers import (
     JSON_HEADERS,
     assert_error,
@@ -46,7 +46,7 @@ def test_key_selects_a_stable_kafka_compatible_queue(server: RunningServer) -> N
         create_topic(client, "t", 8)
         first = produce(client, "t", [{"key": k, "body": 1} for k in keys])
         second = produce(client, "t", [{"key": k, "body": 2} for k in reversed(keys)])
-        expected = [partition_for_key(k, 8) for k in keys]
+        expected = [queue_for_key(k, 8) for k in keys]
         assert [r["qid"] for r in first] == expected
         assert [r["qid"] for r in reversed(second)] == expected
         assert len(set(expected)) > 1, "the keys should spread over several queues"
@@ -55,7 +55,7 @@ def test_key_selects_a_stable_kafka_compatible_queue(server: RunningServer) -> N
 def test_explicit_qid_wins_over_key(server: RunningServer) -> None:
     with fresh_client(server) as client:
         create_topic(client, "t", 4)
-        hashed = partition_for_key("k", 4)
+        hashed = queue_for_key("k", 4)
         other = (hashed + 1) % 4
         results = produce(
             client, "t", [{"key": "k", "qid": other, "body": 1}, {"key": "k", "body": 2}]

@@ -14,7 +14,7 @@ import pytest
 
 from cproxy.broker.broker import Broker
 from cproxy.config import Settings
-from cproxy.engine.config import GroupConfig
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, TopicNotFound
 from cproxy.model import NewMessage

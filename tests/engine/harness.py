@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 import orjson
 
 from cproxy.broker.drive import fetch_all
-from cproxy.engine.config import GroupConfig
 from cproxy.engine.group import GroupEngine
+from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.model import Message, QueueProgress, QueueRef

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from cproxy.partitioner import RoundRobin, murmur2, partition_for_key
+from cproxy.placement import RoundRobin, murmur2, queue_for_key
 
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2, plus the empty input.
 KAFKA_VECTORS = {
@@ -60,27 +60,27 @@ def test_murmur2_matches_java_arithmetic_for_every_tail_length() -> None:
             assert murmur2(data) == _java_murmur2(data), data
 
 
-def test_partition_for_key_uses_kafka_to_positive() -> None:
+def test_queue_for_key_uses_kafka_to_positive() -> None:
     # Kafka masks the sign bit; abs() would pick a different queue for negative hashes.
-    assert partition_for_key("foobar", 50) == 16
+    assert queue_for_key("foobar", 50) == 16
     h = KAFKA_VECTORS[b"21"]
-    assert partition_for_key("21", 7) == (h & 0x7FFFFFFF) % 7 != abs(h) % 7
+    assert queue_for_key("21", 7) == (h & 0x7FFFFFFF) % 7 != abs(h) % 7
 
 
-def test_partition_for_key_hashes_utf8() -> None:
+def test_queue_for_key_hashes_utf8() -> None:
     key = "Fahrt-ü-🚕"
-    assert partition_for_key(key, 1024) == (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % 1024
+    assert queue_for_key(key, 1024) == (murmur2(key.encode("utf-8")) & 0x7FFFFFFF) % 1024
 
 
-def test_partition_for_key_is_in_range_and_spreads() -> None:
-    hits = [partition_for_key(f"ride-{i}", 8) for i in range(8000)]
+def test_queue_for_key_is_in_range_and_spreads() -> None:
+    hits = [queue_for_key(f"ride-{i}", 8) for i in range(8000)]
     assert set(hits) == set(range(8))
     assert min(hits.count(q) for q in range(8)) > 800
 
 
-def test_partition_for_key_rejects_no_queues() -> None:
+def test_queue_for_key_rejects_no_queues() -> None:
     with pytest.raises(ValueError):
-        partition_for_key("k", 0)
+        queue_for_key("k", 0)
 
 
 def test_round_robin_cycles_per_topic() -> None:

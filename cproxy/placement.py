@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from functools import lru_cache
 
-__all__ = ["RoundRobin", "murmur2", "partition_for_key"]
+__all__ = ["RoundRobin", "murmur2", "queue_for_key"]
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
@@ -51,7 +51,7 @@ def _positive_key_hash(key: str) -> int:
     return murmur2(key.encode("utf-8")) & 0x7FFFFFFF
 
 
-def partition_for_key(key: str, queues: int) -> int:
+def queue_for_key(key: str, queues: int) -> int:
     """The queue for ``key`` among ``queues``, as Kafka's default partitioner computes it."""
     if queues < 1:
         raise ValueError(f"queues must be >= 1, got {queues}")
