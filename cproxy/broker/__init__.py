@@ -9,8 +9,10 @@ from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
-from .broker import Broker, GroupSummary, GroupView, SeekTarget
+from .broker import Broker
 from .runner import PullResult
+from .topics import SeekTarget
+from .views import GroupSummary, GroupView
 
 __all__ = [
     "BlockedKey",

@@ -9,11 +9,9 @@ polls return promptly without anyone polling the store.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 
 import anyio
 import orjson
@@ -23,15 +21,7 @@ from cproxy.config import Settings
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
-from cproxy.errors import (
-    GroupNotFound,
-    InvalidRequest,
-    ShuttingDown,
-    StoreError,
-    TopicConflict,
-    TopicInUse,
-    TopicNotFound,
-)
+from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, StoreError, TopicInUse
 from cproxy.model import (
     AppendResult,
     DeadLetter,
@@ -41,39 +31,16 @@ from cproxy.model import (
     QueueStats,
     TopicInfo,
 )
-from cproxy.placement import queue_for_key
 from cproxy.store.base import Store
 
-from .clock import now_ms
+from .clock import every, now_ms
+from .health import WriteHealth
 from .runner import GroupRunner, PullResult
+from .topics import Retention, SeekTarget, Topics, retention_of
+from .views import GroupSummary, GroupView
 
 logger = logging.getLogger(__name__)
 
-#: How long a failed append keeps ``ready()`` false (unless an append succeeds first). The
-#: store's probe write can pass while bigger writes fail (a disk with a few pages left); after
-#: this long without producer traffic the probe alone decides, so readiness never sticks.
-WRITE_FAILURE_HOLD_MS = 10_000
-
-
-SeekTarget = str | int | dict[str, int]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupSummary:
-    name: str
-    topics: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GroupView:
-    """A group's effective config and state; ``dead_lettered`` counts stored + pending."""
-
-    name: str
-    config: GroupConfig
-    stats: GroupStats
-    dead_lettered: int
-    #: Age of the oldest message not yet acked or dead-lettered (ms); None if none.
-    oldest_unfinished_age_ms: int | None = None
 
 
 class Broker:
@@ -92,16 +59,14 @@ class Broker:
         self.store = store
         self.settings = settings
         self.groups: dict[str, GroupRunner] = {}
-        self._topics: dict[str, TopicInfo] = {}
-        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._topics = Topics(store)
         self._task_group: TaskGroup | None = None
         self._group_lock = anyio.Lock()
         self._ack_latency_for = ack_latency_for
         self._on_produced = on_produced
         self._on_pull = on_pull
         self.accepting = False
-        #: ``now_ms()`` of the last append that failed with ``StoreError``, None after a success.
-        self._append_failed_at_ms: int | None = None
+        self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -109,12 +74,11 @@ class Broker:
         """Open the store, apply declared topics and groups, start every stored group."""
         self._task_group = task_group
         await self.store.open()
-        for topic in await self.store.list_topics():
-            self._topics[topic.name] = topic
+        await self._topics.load()
         for name, queues in self.settings.topics.items():
-            await self.create_topic(name, queues)
+            info, _ = await self.create_topic(name, queues)
             declared = self.settings.topic_retention.get(name)
-            if declared is not None and declared != self._retention(self._topics[name]):
+            if declared is not None and declared != retention_of(info):
                 await self.update_topic(name, *declared)
         stored = await self.store.load_groups()
         for name, config in self.settings.groups.items():
@@ -122,14 +86,24 @@ class Broker:
             await self.store.save_group(name, stored[name])
         for name, raw in sorted(stored.items()):
             config = GroupConfig.from_dict(orjson.loads(raw))
-            missing = [t for t in config.topics if t not in self._topics]
+            missing = [t for t in config.topics if t not in self._topics.names()]
             if missing:
                 logger.error("group=%s not started: unknown topic(s) %s", name, missing)
                 continue
             self.groups[name] = await self._open_runner(name, config)
         self.accepting = True
-        task_group.start_soon(self._retention_loop, name="retention")
-        logger.info("broker started topics=%d groups=%d", len(self._topics), len(self.groups))
+        self._retention_scope = anyio.CancelScope()
+        task_group.start_soon(
+            every,
+            self.settings.retention_interval_ms,
+            self.apply_retention,
+            "retention pass",
+            self._retention_scope,
+            name="retention",
+        )
+        logger.info(
+            "broker started topics=%d groups=%d", len(self._topics.names()), len(self.groups)
+        )
 
     def begin_shutdown(self) -> None:
         """Refuse new work and release waiting long polls (called on SIGTERM/SIGINT)."""
@@ -160,62 +134,32 @@ class Broker:
         )
 
     async def ready(self) -> bool:
-        """The broker takes work and writes succeed (``/readyz``).
-
-        False while shutting down, when the store's ping (a real write for SQLite) fails, and
-        for ``WRITE_FAILURE_HOLD_MS`` after an append failed with ``StoreError`` (unless an
-        append succeeded since).
-        """
-        failed_at = self._append_failed_at_ms
-        if failed_at is not None and now_ms() - failed_at < WRITE_FAILURE_HOLD_MS:
-            return False
-        return self.accepting and await self.store.ping()
+        """The broker takes work and writes succeed (``/readyz``; see ``health.py``)."""
+        return self.accepting and await self._writes.writable()
 
     def _check_open(self) -> None:
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
 
     # -- topics --------------------------------------------------------------------------------
-    @staticmethod
-    def _retention(info: TopicInfo) -> tuple[int | None, int | None]:
-        return info.retention_ms, info.retention_bytes
-
     async def create_topic(
-        self, name: str, queues: int, retention: tuple[int | None, int | None] | None = None
+        self, name: str, queues: int, retention: Retention | None = None
     ) -> tuple[TopicInfo, bool]:
         """Create a topic (idempotent). ``retention`` (``(retention_ms, retention_bytes)``)
         None means not given: an existing topic keeps its own; given and different from an
         existing topic's, it is a ``TopicConflict`` (change it with ``update_topic``)."""
-        info, created = await self.store.create_topic(name, queues, *(retention or (None, None)))
-        self._topics[name] = info
-        if created:
-            logger.info(
-                "topic=%s created queues=%d retention_ms=%s retention_bytes=%s",
-                name,
-                queues,
-                info.retention_ms,
-                info.retention_bytes,
-            )
-        elif retention is not None and retention != self._retention(info):
-            raise TopicConflict(
-                f"topic {name!r} exists with retention_ms={info.retention_ms} and "
-                f"retention_bytes={info.retention_bytes}; change them with PATCH"
-            )
-        return info, created
+        return await self._topics.create(name, queues, retention)
 
     async def update_topic(
         self, name: str, retention_ms: int | None, retention_bytes: int | None
     ) -> TopicInfo:
         """Set a topic's retention (None: unbounded); applied by the next retention pass."""
-        self.topic(name)
-        info = await self.store.update_topic(name, retention_ms, retention_bytes)
-        self._topics[name] = info
-        return info
+        return await self._topics.update(name, retention_ms, retention_bytes)
 
     async def delete_topic(self, name: str) -> None:
         """Delete a topic and its messages; ``TopicInUse`` (409) while a group reads it."""
         self._check_open()
-        self.topic(name)
+        self._topics.get(name)
         async with self._group_lock:  # no group starts reading it meanwhile
             readers = sorted(g for g, runner in self.groups.items() if runner.reads(name))
             if readers:
@@ -223,10 +167,7 @@ class Broker:
                     f"topic {name!r} is read by group(s) {readers}: delete them, or change "
                     "them to read other topics, first"
                 )
-            await self.store.delete_topic(name)
-            self._topics.pop(name, None)
-            self._round_robin.pop(name, None)
-        logger.info("topic=%s deleted", name)
+            await self._topics.delete(name)
 
     async def apply_retention(self) -> int:
         """One retention pass over every topic with a bound; returns the messages groups lost.
@@ -236,42 +177,21 @@ class Broker:
         and counts what it lost.
         """
         lost = 0
-        for info in list(self._topics.values()):
-            if info.retention_ms is None and info.retention_bytes is None:
-                continue
-            try:
-                moved = await self.store.apply_retention(info.name, now_ms())
-            except TopicNotFound:
-                continue  # deleted meanwhile
+        for topic, moved in await self._topics.apply_retention(now_ms()):
             for runner in list(self.groups.values()):
-                if runner.reads(info.name):
+                if runner.reads(topic):
                     for qid, min_offset in moved.items():
-                        lost += runner.note_retention(info.name, qid, min_offset)
+                        lost += runner.note_retention(topic, qid, min_offset)
         return lost
 
-    async def _retention_loop(self) -> None:
-        with anyio.CancelScope() as self._retention_scope:
-            while True:
-                await anyio.sleep(self.settings.retention_interval_ms / 1000)
-                try:
-                    await self.apply_retention()
-                except StoreError as exc:
-                    logger.warning("retention pass failed, will retry: %s", exc)
-                except Exception:
-                    logger.exception("retention pass crashed; retrying next interval")
-
     def list_topics(self) -> list[TopicInfo]:
-        return sorted(self._topics.values(), key=lambda t: t.name)
+        return self._topics.all()
 
     def topic(self, name: str) -> TopicInfo:
-        info = self._topics.get(name)
-        if info is None:
-            raise TopicNotFound(f"topic {name!r} does not exist")
-        return info
+        return self._topics.get(name)
 
     async def queue_stats(self, name: str) -> list[QueueStats]:
-        self.topic(name)
-        return await self.store.queue_stats(name)
+        return await self._topics.queue_stats(name)
 
     # -- produce -------------------------------------------------------------------------------
     async def produce(self, topic: str, messages: Sequence[NewMessage]) -> list[AppendResult]:
@@ -280,27 +200,15 @@ class Broker:
         A message without a ``qid`` gets one here, in place: by key, else round robin.
         """
         self._check_open()
-        queues = self.topic(topic).queues
-        rr = self._round_robin.setdefault(topic, itertools.count())
-        for i, m in enumerate(messages):
-            if m.qid is not None:
-                if not 0 <= m.qid < queues:
-                    raise InvalidRequest(
-                        f"messages[{i}].qid {m.qid} is out of range: topic {topic!r} has "
-                        f"queues 0..{queues - 1}"
-                    )
-            elif m.key is not None:
-                m.qid = queue_for_key(m.key, queues)
-            else:
-                m.qid = next(rr) % queues
+        self._topics.place(topic, messages)
         try:
             results = await self.store.append(
                 topic, messages, now_ms(), self.settings.dedup_window_ms
             )
         except StoreError:
-            self._append_failed_at_ms = now_ms()
+            self._writes.append_failed()
             raise
-        self._append_failed_at_ms = None
+        self._writes.append_succeeded()
         stored: dict[int, list[Message]] = {}
         for result in results:
             if result.message is not None:
@@ -372,17 +280,7 @@ class Broker:
         runner = self._runner(name)
         stats = runner.stats()
         dead = runner.dead_letter_count + stats.pending_dead_letters
-        oldest: int | None = None
-        for q in stats.queues:
-            if q.committed_offset < q.next_offset:
-                try:
-                    first = await self.store.read(q.topic, q.qid, q.committed_offset, 1)
-                except StoreError as exc:
-                    logger.warning("group=%s oldest unfinished not read: %s", name, exc)
-                    continue
-                if first:
-                    at = first[0].produced_at_ms
-                    oldest = at if oldest is None else min(oldest, at)
+        oldest = await runner.oldest_unfinished_at_ms(stats)
         age = None if oldest is None else max(0, now_ms() - oldest)
         return GroupView(name, runner.config, stats, dead, age)
 
@@ -446,24 +344,7 @@ class Broker:
         self.topic(topic)
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
-        stats = {s.qid: s for s in await self.store.queue_stats(topic)}
-        if qid is not None and qid not in stats:
-            raise InvalidRequest(f"qid {qid} is out of range for topic {topic!r}")
-        targets: dict[int, int] = {}
-        for q in [qid] if qid is not None else sorted(stats):
-            s = stats[q]
-            if to == "earliest":
-                targets[q] = s.min_offset
-            elif to == "latest":
-                targets[q] = s.next_offset
-            elif isinstance(to, int):
-                targets[q] = min(max(to, s.min_offset), s.next_offset)
-            elif isinstance(to, dict):
-                targets[q] = await self.store.offset_for_time(topic, q, to["timestamp_ms"])
-            else:
-                raise InvalidRequest(
-                    "'to' must be 'earliest', 'latest', an offset or {'timestamp_ms': n}"
-                )
+        targets = await self._topics.seek_targets(topic, qid, to)
         await runner.seek(topic, targets)
         return targets
 
@@ -479,19 +360,7 @@ class Broker:
         ``within`` (a token's topic scope; None: any) keeps only dead letters of those
         topics: a group keeps the dead letters of topics it no longer reads.
         """
-        # Flush first: a message just dead-lettered is listed at once (read your writes),
-        # consistent with the group stats, which count pending dead letters too.
-        await self.commit(name)
-        if within is None or topic is not None:
-            if topic is not None and within is not None and topic not in within:
-                return []
-            return await self.store.list_dead_letters(name, topic, limit)
-        rows: list[DeadLetter] = []
-        for scoped in sorted(within):  # the store's order: topic names compare as bytes
-            rows += await self.store.list_dead_letters(name, scoped, limit - len(rows))
-            if len(rows) >= limit:
-                break
-        return rows
+        return await self._runner(name).dead_letters(topic, limit, within)
 
     async def redrive(
         self, name: str, topic: str | None, within: Collection[str] | None = None

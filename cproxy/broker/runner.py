@@ -26,7 +26,7 @@ from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import StoreError
-from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -223,6 +223,40 @@ class GroupRunner:
 
     def blocked_keys(self, topic: str | None) -> list[BlockedKey]:
         return self._engine.blocked_keys(topic)
+
+    async def oldest_unfinished_at_ms(self, stats: GroupStats) -> int | None:
+        """When the oldest message not yet acked or dead-lettered was produced (ms), read
+        from the store at each queue's committed offset; None when every queue is caught up."""
+        oldest: int | None = None
+        for q in stats.queues:
+            if q.committed_offset < q.next_offset:
+                try:
+                    first = await self._store.read(q.topic, q.qid, q.committed_offset, 1)
+                except StoreError as exc:
+                    logger.warning("group=%s oldest unfinished not read: %s", self.name, exc)
+                    continue
+                if first:
+                    at = first[0].produced_at_ms
+                    oldest = at if oldest is None else min(oldest, at)
+        return oldest
+
+    async def dead_letters(
+        self, topic: str | None, limit: int, within: Collection[str] | None
+    ) -> list[DeadLetter]:
+        """Dead letters (of ``topic``, or all; only topics in ``within`` unless it is None)."""
+        # Flush first: a message just dead-lettered is listed at once (read your writes),
+        # consistent with the group stats, which count pending dead letters too.
+        await self.commit()
+        if within is None or topic is not None:
+            if topic is not None and within is not None and topic not in within:
+                return []
+            return await self._store.list_dead_letters(self.name, topic, limit)
+        rows: list[DeadLetter] = []
+        for scoped in sorted(within):  # the store's order: topic names compare as bytes
+            rows += await self._store.list_dead_letters(self.name, scoped, limit - len(rows))
+            if len(rows) >= limit:
+                break
+        return rows
 
     # -- consumer calls ------------------------------------------------------------------------
     def apply(self, results: Iterable[Result]) -> Outcome:

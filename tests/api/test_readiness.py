@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cproxy.broker import broker as broker_module
+from cproxy.broker import health as health_module
 from tests.api.http_helpers import assert_error, create_topic, fresh_client
 from tests.conftest import ServerFactory
 from tests.support import RunningServer, wait_until
@@ -53,7 +53,7 @@ def produce(client: httpx.Client, count: int = 1, size: int = 10) -> httpx.Respo
 def test_failed_appends_keep_readyz_503_while_the_probe_passes(
     server: RunningServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(broker_module, "WRITE_FAILURE_HOLD_MS", 1500)
+    monkeypatch.setattr(health_module, "WRITE_FAILURE_HOLD_MS", 1500)
     with fresh_client(server) as client:
         create_topic(client, "t")
         conn = writer_connection(server)

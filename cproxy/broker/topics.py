@@ -1,0 +1,145 @@
+"""The topic catalogue of one broker: topics as the store has them, cached for the hot path.
+
+It places produced messages on queues (``cproxy.placement``), resolves seek targets to
+offsets, and runs the store's retention. The ``Broker`` facade calls it; nothing above the
+broker does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+
+from cproxy.errors import InvalidRequest, TopicConflict, TopicNotFound
+from cproxy.model import NewMessage, QueueStats, TopicInfo
+from cproxy.placement import queue_for_key
+from cproxy.store.base import MessageLog
+
+logger = logging.getLogger(__name__)
+
+#: ``(retention_ms, retention_bytes)``; None in either place means unbounded.
+Retention = tuple[int | None, int | None]
+#: "earliest", "latest", an offset, or ``{"timestamp_ms": n}``.
+SeekTarget = str | int | dict[str, int]
+
+
+def retention_of(info: TopicInfo) -> Retention:
+    return info.retention_ms, info.retention_bytes
+
+
+class Topics:
+    def __init__(self, log: MessageLog) -> None:
+        self._log = log
+        self._topics: dict[str, TopicInfo] = {}
+        self._round_robin: dict[str, itertools.count[int]] = {}
+
+    async def load(self) -> None:
+        """Read every stored topic (at start)."""
+        for topic in await self._log.list_topics():
+            self._topics[topic.name] = topic
+
+    def all(self) -> list[TopicInfo]:
+        return sorted(self._topics.values(), key=lambda t: t.name)
+
+    def get(self, name: str) -> TopicInfo:
+        info = self._topics.get(name)
+        if info is None:
+            raise TopicNotFound(f"topic {name!r} does not exist")
+        return info
+
+    def names(self) -> list[str]:
+        return list(self._topics)
+
+    async def queue_stats(self, name: str) -> list[QueueStats]:
+        self.get(name)
+        return await self._log.queue_stats(name)
+
+    async def create(
+        self, name: str, queues: int, retention: Retention | None
+    ) -> tuple[TopicInfo, bool]:
+        """Create a topic (idempotent). ``retention`` None means not given: an existing topic
+        keeps its own; given and different from an existing topic's, it is a conflict."""
+        info, created = await self._log.create_topic(name, queues, *(retention or (None, None)))
+        self._topics[name] = info
+        if created:
+            logger.info(
+                "topic=%s created queues=%d retention_ms=%s retention_bytes=%s",
+                name,
+                queues,
+                info.retention_ms,
+                info.retention_bytes,
+            )
+        elif retention is not None and retention != retention_of(info):
+            raise TopicConflict(
+                f"topic {name!r} exists with retention_ms={info.retention_ms} and "
+                f"retention_bytes={info.retention_bytes}; change them with PATCH"
+            )
+        return info, created
+
+    async def update(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        self.get(name)
+        info = await self._log.update_topic(name, retention_ms, retention_bytes)
+        self._topics[name] = info
+        return info
+
+    async def delete(self, name: str) -> None:
+        self.get(name)
+        await self._log.delete_topic(name)
+        self._topics.pop(name, None)
+        self._round_robin.pop(name, None)
+        logger.info("topic=%s deleted", name)
+
+    def place(self, topic: str, messages: Sequence[NewMessage]) -> None:
+        """Give each message without a ``qid`` one, in place: by key, else round robin."""
+        queues = self.get(topic).queues
+        rr = self._round_robin.setdefault(topic, itertools.count())
+        for i, m in enumerate(messages):
+            if m.qid is not None:
+                if not 0 <= m.qid < queues:
+                    raise InvalidRequest(
+                        f"messages[{i}].qid {m.qid} is out of range: topic {topic!r} has "
+                        f"queues 0..{queues - 1}"
+                    )
+            elif m.key is not None:
+                m.qid = queue_for_key(m.key, queues)
+            else:
+                m.qid = next(rr) % queues
+
+    async def seek_targets(self, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
+        """The offset per queue (one, or all of the topic) that ``to`` names."""
+        stats = {s.qid: s for s in await self.queue_stats(topic)}
+        if qid is not None and qid not in stats:
+            raise InvalidRequest(f"qid {qid} is out of range for topic {topic!r}")
+        targets: dict[int, int] = {}
+        for q in [qid] if qid is not None else sorted(stats):
+            s = stats[q]
+            if to == "earliest":
+                targets[q] = s.min_offset
+            elif to == "latest":
+                targets[q] = s.next_offset
+            elif isinstance(to, int):
+                targets[q] = min(max(to, s.min_offset), s.next_offset)
+            elif isinstance(to, dict):
+                targets[q] = await self._log.offset_for_time(topic, q, to["timestamp_ms"])
+            else:
+                raise InvalidRequest(
+                    "'to' must be 'earliest', 'latest', an offset or {'timestamp_ms': n}"
+                )
+        return targets
+
+    async def apply_retention(self, now_ms: int) -> list[tuple[str, dict[int, int]]]:
+        """One retention pass: ``(topic, {qid: new min_offset})`` for every trimmed topic."""
+        out: list[tuple[str, dict[int, int]]] = []
+        for info in list(self._topics.values()):
+            if info.retention_ms is None and info.retention_bytes is None:
+                continue
+            try:
+                moved = await self._log.apply_retention(info.name, now_ms)
+            except TopicNotFound:
+                continue  # deleted meanwhile
+            if moved:
+                out.append((info.name, moved))
+        return out

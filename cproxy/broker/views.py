@@ -1,0 +1,26 @@
+"""What the broker hands out about groups, besides the engine's own snapshots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cproxy.engine.group_config import GroupConfig
+from cproxy.engine.snapshots import GroupStats
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSummary:
+    name: str
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A group's effective config and state; ``dead_lettered`` counts stored + pending."""
+
+    name: str
+    config: GroupConfig
+    stats: GroupStats
+    dead_lettered: int
+    #: Age of the oldest message not yet acked or dead-lettered (ms); None if none.
+    oldest_unfinished_age_ms: int | None = None
