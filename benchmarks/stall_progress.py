@@ -45,7 +45,9 @@ from benchmarks.harness.ledger import (
     ProducedLog,
     StallAction,
     pull_loop,
+    raise_failed,
     steady_produce,
+    wait_true,
 )
 from benchmarks.harness.load import client, create_topic, group_stats, put_group, run_loop
 from benchmarks.harness.persisted import PersistedProgress, read_progress
@@ -110,22 +112,6 @@ async def sample(
     }
 
 
-def check_tasks(tasks: list[asyncio.Task[None]]) -> None:
-    """Raise the error of a producer or puller that died (they only end when told to)."""
-    for task in tasks:
-        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
-            raise exc
-
-
-async def wait_for(what: str, done: Any, tasks: list[asyncio.Task[None]], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        check_tasks(tasks)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{what} not reached after {timeout_s} s")
-        await asyncio.sleep(0.1)
-
-
 async def stall_phase(args: Any, server: ServerProcess, variants: list[Variant]) -> ProducedLog:
     """Produce and consume with stalled keys for ``args.seconds``, sampling every
     ``args.every`` s; then finish the healthy backlog and stop the pullers."""
@@ -150,7 +136,7 @@ async def stall_phase(args: Any, server: ServerProcess, variants: list[Variant])
         try:
             for tick in range(1, int(args.seconds // args.every) + 1):
                 await asyncio.sleep(max(0.0, t0 + tick * args.every - time.perf_counter()))
-                check_tasks(tasks)
+                raise_failed(tasks)
                 for v in variants:
                     row = await sample(
                         admin,
@@ -172,9 +158,9 @@ async def stall_phase(args: Any, server: ServerProcess, variants: list[Variant])
             stop_produce.set()
             await tasks[0]
             for v in variants:
-                await wait_for(
+                await wait_true(
                     f"{v.name}: every healthy message acked",
-                    lambda v=v: v.before.healthy_acked >= log.healthy,
+                    v.before.acked_all(log.healthy_refs()),
                     tasks,
                     args.drain_timeout,
                 )
@@ -197,7 +183,7 @@ async def restart_phase(
 ) -> None:
     """After the restart: take everything the groups hand out until every healthy message
     not acked before is acked, then ``args.settle`` seconds more; record replays."""
-    healthy = {ref for ref, k in log.keys.items() if not args.stalled(k)}
+    healthy = log.healthy_refs()
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(pull_loop(server.url, v.group, v.after, stop))
@@ -209,9 +195,9 @@ async def restart_phase(
         for v in variants:
             todo = healthy - v.before.acked
             v.restart["healthy_to_finish"] = len(todo)
-            await wait_for(
+            await wait_true(
                 f"{v.name}: healthy messages finished after the restart",
-                lambda v=v, todo=todo: todo <= v.after.acked,
+                v.after.acked_all(todo),
                 tasks,
                 args.drain_timeout,
             )
@@ -255,13 +241,15 @@ def run(args: Any) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="cproxy-stall-"))
     out: dict[str, Any] = {}
     try:
-        server = ServerProcess(root / "data")
+        server = ServerProcess(root / "data", log_level="info")
         out["commit"] = server.source.commit
         try:
             server.start()
             log = run_loop(lambda: stall_phase(args, server, variants))
             server.stop()  # SIGTERM: progress is persisted on the way out
-            out["first_exit_code"] = server.proc.returncode if server.proc else None
+            # uvicorn re-raises SIGTERM after its graceful shutdown (exit code -15): the
+            # broker's last log line is what tells a graceful stop from a kill.
+            out["graceful_stop"] = "broker stopped" in server.log()
         except BaseException:
             progress(server.log())
             raise
@@ -270,7 +258,7 @@ def run(args: Any) -> dict[str, Any]:
         for v in variants:
             p = read_progress(server.data_dir, v.group)
             v.restart["persisted_at_stop"] = p.__dict__ | {"entries": p.entries}
-        again = ServerProcess(root / "data")
+        again = ServerProcess(root / "data", log_level="info")
         try:
             again.start()
             run_loop(lambda: restart_phase(args, again, variants, log))
@@ -349,7 +337,8 @@ def report(out: dict[str, Any], args: Any) -> str:
         f"{args.keys:,} keys on {args.queues} queues; {args.stalled_keys} stalled keys (every "
         f"{args.stall_every}th); {out['healthy_produced']:,} healthy messages; "
         f"{args.pullers} pullers per group; max_buffered {args.max_buffered}; "
-        f"{out['late_batches']} late produce batches.",
+        f"{out['late_batches']} late produce batches; the first server stopped gracefully on "
+        f"SIGTERM: {out['graceful_stop']}.",
     ]
     for name, v in out["variants"].items():
         rows = []

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -39,6 +39,9 @@ class ProducedLog:
         self.keys[ref] = key
         if not self.stalled(key):
             self.healthy += 1
+
+    def healthy_refs(self) -> set[Ref]:
+        return {ref for ref, k in self.keys.items() if not self.stalled(k)}
 
 
 async def steady_produce(
@@ -101,6 +104,10 @@ class GroupLedger:
     order_violations: int = 0  # a key's sequence number went backwards
     last_seq: dict[int, int] = field(default_factory=dict)
 
+    def acked_all(self, refs: set[Ref]) -> Callable[[], bool]:
+        """A test for :func:`wait_true`: every message of ``refs`` is acked."""
+        return lambda: refs <= self.acked
+
     def confirm(self, sent: list[Ref], unknown: set[Ref]) -> None:
         for ref in sent:
             if ref in unknown:
@@ -155,3 +162,23 @@ async def pull_loop(
         if results:  # the last results have no next pull to ride on
             answer = await c.ack(group, results)
             ledger.confirm(sent, {(q, o) for _, q, o in answer.unknown})
+
+
+def raise_failed(tasks: Sequence[asyncio.Task[None]]) -> None:
+    """Raise the error of a producer or puller that died (they only end when told to)."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            raise exc
+
+
+async def wait_true(
+    what: str, done: Callable[[], bool], tasks: Sequence[asyncio.Task[None]], timeout_s: float
+) -> None:
+    """Poll ``done()`` every 50 ms while ``tasks`` run; their error, or RuntimeError naming
+    ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        raise_failed(tasks)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not reached after {timeout_s} s")
+        await asyncio.sleep(0.05)
