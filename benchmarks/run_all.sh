@@ -31,6 +31,7 @@ run isolation
 run memory
 run scaling
 run isolation_engine
+run stall_progress
 run profile_server --raw "$OUT/profile_server.txt"
 run e2e
 if [ -n "$QUICK" ]; then run sdk_consumer; else run sdk_consumer --messages 20000 --rounds 7; fi
