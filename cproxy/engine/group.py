@@ -29,6 +29,8 @@ from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
+_IN_FLIGHT = State.IN_FLIGHT
+
 
 class GroupEngine(Operations):
     """The delivery state of one consumer group over its subscribed queues."""
@@ -168,14 +170,15 @@ class GroupEngine(Operations):
     def _send(
         self, entry: Entry, deadline_ms: int, now_ms: int, out: list[Delivery], run: int
     ) -> None:
-        entry.attempt += 1
-        self._tally.move(entry, State.IN_FLIGHT)
+        attempt = entry.attempt = entry.attempt + 1
+        self._tally.move(entry, _IN_FLIGHT)
         entry.deadline_ms = deadline_ms
-        if entry.attempt == 1:
+        if attempt == 1:
             entry.blocked_since_ms = now_ms
         self._timeouts.push(deadline_ms, entry)
-        self._in_flight[entry.message.ref] = entry
-        out.append(Delivery(entry.message, entry.attempt, run))
+        message = entry.message
+        self._in_flight[(message.topic, message.qid, message.offset)] = entry
+        out.append(Delivery(message, attempt, run))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -183,7 +186,11 @@ class GroupEngine(Operations):
         unknown: list[MessageRef] = []
         for result in results:
             for offset in result.acks:
-                entry = self._take_in_flight(result, offset)
+                entry = (
+                    self._in_flight.pop((result.topic, result.qid, offset), None)
+                    if result.attempts is None
+                    else self._take_in_flight(result, offset)
+                )
                 if entry is None:
                     unknown.append((result.topic, result.qid, offset))
                     continue

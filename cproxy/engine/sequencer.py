@@ -26,6 +26,9 @@ from collections.abc import Callable, Iterator
 
 from cproxy.engine.work import Entry, State, Tally
 
+_READY = State.READY
+_WAITING = State.WAITING
+
 
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
@@ -124,14 +127,14 @@ class Sequencer:
             self._make_ready(entry, reactivated=reactivated)
         else:
             chain.waiting.append(entry)
-            self._tally.move(entry, State.WAITING)
+            self._tally.move(entry, _WAITING)
 
     def chain(self, topic: str, value: str) -> Chain | None:
         return self._chains.get((topic, value))
 
     # -- ready work ----------------------------------------------------------------------------
     def _make_ready(self, entry: Entry, *, reactivated: bool) -> None:
-        self._tally.move(entry, State.READY)
+        self._tally.move(entry, _READY)
         queue = self._ready[entry.message.topic]
         (queue.reactivated if reactivated else queue.fresh).append(entry)
 
