@@ -31,6 +31,8 @@ class QueueCursor:
         "lost",
         "qid",
         "restore",
+        "scan",
+        "scan_from",
         "topic",
     )
 
@@ -43,12 +45,19 @@ class QueueCursor:
         self.lost = 0
         self.legacy: OffsetTracker | None = None
         self.restore: list[tuple[int, int]] = []
+        #: After a restart: order value -> its first unfinished offset in this queue, for the
+        #: chains that were stuck (parked, or waiting behind a blocked head). One scan from
+        #: ``scan_from`` up to ``fetch_offset`` reads them all back, after ``restore``.
+        self.scan: dict[str, int] = {}
+        self.scan_from = 0
         if progress.read_to is None:
             self.legacy = OffsetTracker(progress.committed, progress.finished)
             self.fetch_offset = self.legacy.base
         else:
             self.fetch_offset = max(progress.read_to, progress.committed)
             self.restore = [(s, e) for s, e in progress.open if e > s]
+            self.scan = dict(progress.parked)
+            self.scan_from = min(self.scan.values(), default=self.fetch_offset)
 
     def is_finished(self, offset: int) -> bool:
         """Finished before a restart (only progress in the range form says so)."""
@@ -58,8 +67,18 @@ class QueueCursor:
         """Restart at ``offset`` (a seek): everything held before is forgotten."""
         self.legacy = None
         self.restore = []
+        self.scan = {}
         self.fetch_offset = offset
         self.epoch += 1
+
+    @property
+    def catching_up(self) -> bool:
+        """Reading back what was held before a restart: nothing new is admitted meanwhile."""
+        return bool(self.restore) or bool(self.scan)
+
+    def scan_pairs(self) -> list[tuple[str, int]]:
+        """(order value, first unread offset) of the chains the scan has still to read."""
+        return [(v, max(first, self.scan_from)) for v, first in self.scan.items()]
 
     def skip_to(self, offset: int) -> int:
         """Retention deleted everything below ``offset``: skip unread messages there.
@@ -79,6 +98,8 @@ class QueueCursor:
                 gap -= self.legacy.count_finished(self.fetch_offset, offset)
             lost += gap
             self.fetch_offset = offset
+        if self.scan:
+            self.scan_from = max(self.scan_from, offset)
         self.end_offset = max(self.end_offset, self.fetch_offset)
         self.lost += lost
         return lost
@@ -102,6 +123,8 @@ class FetchRequest:
     upto: int = 0
     #: Reads back a range that was held in memory before a restart (see ``QueueCursor``).
     restore: bool = False
+    #: Scans for the stuck chains of before a restart (see ``QueueCursor.scan``).
+    scan: bool = False
 
     @property
     def is_reload(self) -> bool:

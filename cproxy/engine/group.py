@@ -73,9 +73,6 @@ class GroupEngine(Operations):
         self._on_ack_latency_s = on_ack_latency_s
         #: What was last handed out for persisting, per queue: commits send only changes.
         self._persisted: dict[QueueRef, QueueProgress] = {}
-        for (topic, qid), p in progress.items():
-            for value, offset in p.parked:
-                self._seq.restore_parked(topic, value, qid, offset)
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
@@ -88,9 +85,12 @@ class GroupEngine(Operations):
             return False
         if any(start <= offset < end for start, end in cur.restore):
             return False
+        value = self._order_value(message)
+        first = None if value is None else cur.scan.get(value)
+        if first is not None and offset >= max(first, cur.scan_from):
+            return False
         if offset in self._tally.held_offsets(message.topic, message.qid):
             return False
-        value = self._order_value(message)
         chain = None if value is None else self._seq.chain(message.topic, value)
         low = None if chain is None else chain.lowest_unread(message.qid)
         return low is None or offset < low

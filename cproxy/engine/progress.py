@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from cproxy.engine.cursor import QueueCursor
 from cproxy.engine.sequencer import Chain
-from cproxy.engine.work import Tally
+from cproxy.engine.work import State, Tally
 from cproxy.model import QueueProgress, QueueRef
 
 
@@ -35,6 +35,24 @@ def parked_by_queue(chains: Iterable[Chain]) -> dict[QueueRef, list[tuple[str, i
     return out
 
 
+def stuck_waiting_by_queue(chains: Iterable[Chain]) -> dict[QueueRef, dict[str, list[int]]]:
+    """Offsets waiting in memory behind a head that is handed out, retrying or exhausted.
+
+    They are persisted as (order value, first offset), not one by one: a stuck key may hold
+    many waiting messages (up to ``max_buffered``) before it is parked.
+    """
+    out: dict[QueueRef, dict[str, list[int]]] = {}
+    for chain in chains:
+        head = chain.head
+        if head is None or head.state is State.READY or not chain.waiting:
+            continue
+        for entry in chain.waiting:
+            m = entry.message
+            if not entry.redriven:
+                out.setdefault((m.topic, m.qid), {}).setdefault(chain.value, []).append(m.offset)
+    return out
+
+
 def committed_offset(cur: QueueCursor, held: set[int], parked: list[tuple[str, int]]) -> int:
     """The lowest unfinished offset of the queue."""
     return min(
@@ -42,6 +60,7 @@ def committed_offset(cur: QueueCursor, held: set[int], parked: list[tuple[str, i
         min(held, default=cur.fetch_offset),
         min((offset for _, offset in parked), default=cur.fetch_offset),
         min((start for start, _ in cur.restore), default=cur.fetch_offset),
+        min((offset for _, offset in cur.scan_pairs()), default=cur.fetch_offset),
     )
 
 
@@ -56,24 +75,38 @@ def _ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
 
 
 def queue_progress(
-    cur: QueueCursor, tally: Tally, parked: list[tuple[str, int]]
+    cur: QueueCursor,
+    tally: Tally,
+    parked: list[tuple[str, int]],
+    stuck_waiting: dict[str, list[int]],
 ) -> QueueProgress:
     """The persisted form of one queue's progress."""
     held = tally.held_offsets(cur.topic, cur.qid)
-    opened = sorted([*_ranges(held), *cur.restore])
+    firsts: dict[str, int] = {}
+    for value, offset in [*parked, *cur.scan_pairs()]:
+        firsts[value] = min(offset, firsts.get(value, offset))
+    listed: set[int] = set()
+    for value, offsets in stuck_waiting.items():
+        firsts[value] = min(*offsets, firsts.get(value, offsets[0]))
+        listed.update(offsets)
+    opened = sorted([*_ranges(held - listed if listed else held), *cur.restore])
     return QueueProgress(
         committed_offset(cur, held, parked),
         read_to=cur.fetch_offset,
         open=tuple(opened),
-        parked=tuple(sorted(parked)),
+        parked=tuple(sorted(firsts.items())),
     )
 
 
 def snapshot(
     cursors: Iterable[QueueCursor], tally: Tally, chains: Iterable[Chain]
 ) -> dict[QueueRef, QueueProgress]:
+    chains = list(chains)
     parked = parked_by_queue(chains)
+    waiting = stuck_waiting_by_queue(chains)
     return {
-        (cur.topic, cur.qid): queue_progress(cur, tally, parked.get((cur.topic, cur.qid), []))
+        (cur.topic, cur.qid): queue_progress(
+            cur, tally, parked.get((cur.topic, cur.qid), []), waiting.get((cur.topic, cur.qid), {})
+        )
         for cur in cursors
     }

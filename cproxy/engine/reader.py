@@ -94,7 +94,7 @@ class Reader:
         self.note_end(topic, qid, messages[-1].offset + 1)
         if (
             cur.fetch_offset != messages[0].offset
-            or cur.restore
+            or cur.catching_up
             or self._tally.held + len(messages) > self._max_buffered
         ):
             return False
@@ -117,11 +117,25 @@ class Reader:
                 )
                 requests.append(request)
                 space -= count
+            elif cur.scan and space > 0:
+                # After the restore: one scan reads back every stuck chain of this queue.
+                count = min(RELOAD_SCAN_BATCH, cur.fetch_offset - cur.scan_from)
+                requests.append(
+                    FetchRequest(
+                        cur.topic,
+                        cur.qid,
+                        cur.scan_from,
+                        count,
+                        cur.epoch,
+                        upto=cur.fetch_offset,
+                        scan=True,
+                    )
+                )
         deferred: list[Chain] = []
         while space > 0 and (chain := self._seq.next_reload()) is not None:
             for qid, start in sorted(chain.parked.items()):
                 cur = self._cursors[(chain.topic, qid)]
-                if cur.restore:
+                if cur.catching_up:
                     continue  # its restore reads admit (or park) these messages first
                 count = min(RELOAD_SCAN_BATCH, cur.fetch_offset - start)
                 chain.reloading[qid] = start
@@ -137,7 +151,9 @@ class Reader:
         for chain in deferred:
             self._seq.reload_later(chain)
         curs = [
-            p for p in self._cursors.values() if p.fetch_offset < p.end_offset and not p.restore
+            p
+            for p in self._cursors.values()
+            if p.fetch_offset < p.end_offset and not p.catching_up
         ]
         if not curs or space <= 0:
             return requests
@@ -184,6 +200,9 @@ class Reader:
         if request.restore:
             self._take_restore(request, cur, messages)
             return
+        if request.scan:
+            self._take_scan(request, cur, messages)
+            return
         if cur.fetch_offset != request.from_offset:
             return  # overtaken by an offer: stale
         if not messages:
@@ -226,6 +245,32 @@ class Reader:
             cur.restore.pop(0)
         else:
             cur.restore[0] = (start, end)
+
+    def _take_scan(
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+    ) -> None:
+        if not cur.scan or cur.scan_from != request.from_offset:
+            return  # stale
+        position = request.upto if len(messages) < request.max_count else request.from_offset
+        for message in messages:
+            offset = message.offset
+            if offset >= request.upto:
+                position = request.upto
+                break
+            value = self._extract(message)
+            first = cur.scan.get(value) if value is not None else None
+            if first is not None and offset >= first:
+                if self._tally.held >= self._max_buffered:
+                    # No room: every chain still to read waits parked from here on.
+                    for v, f in cur.scan.items():
+                        self._seq.restore_parked(cur.topic, v, cur.qid, max(f, offset))
+                    cur.scan.clear()
+                    return
+                self._seq.admit(Entry(message), value)
+            position = offset + 1
+        cur.scan_from = max(cur.scan_from, position)
+        if cur.scan_from >= request.upto:
+            cur.scan.clear()
 
     def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
         limit = self._max_buffered

@@ -63,7 +63,8 @@ def test_order_holds_across_a_restart_with_held_and_new_messages() -> None:
         h.produce("a")
     assert offsets(h.pull()) == [0]  # 1 and 2 wait in memory behind the head
     progress = h.engine.take_commit().progress
-    assert progress[("t", 0)].open == ((0, 3),)
+    # The head is open; what waits behind it is persisted as (order value, first offset).
+    assert progress[("t", 0)].open == ((0, 1),) and progress[("t", 0)].parked == (("a", 1),)
     h.new_engine(progress)
     h.produce("a")  # new after the restart: must come after 0, 1, 2
     assert h.produce_and_offer("a") is False  # not taken before the restore is read
@@ -112,3 +113,32 @@ def test_a_restore_longer_than_one_read_finishes_before_new_messages() -> None:
         order += offsets(got)
         h.ack(*got)
     assert order == list(range(1501))
+
+
+def test_progress_is_per_stalled_key_before_the_buffer_fills() -> None:
+    # A big buffer: the stuck keys' waiting messages stay in memory (nothing parked) ...
+    stalled = {f"k{i}" for i in range(5)}
+    h = Harness(max_buffered=100_000, ack_timeout_ms=10_000_000)
+    _stall_run(h, stalled, 10_000)
+    assert h.engine.stats().parked_keys == 0 and h.engine.stats().waiting > 400
+    p = h.engine.take_commit().progress[("t", 0)]
+    # ... yet progress names each stuck key once: its head open, the rest as one pair.
+    assert len(p.open) <= 5 and len(p.parked) == 5, p
+    assert len(p.detail_json()) < 300
+
+
+def test_a_restart_reads_all_stuck_keys_back_in_one_scan() -> None:
+    stalled = {f"k{i}" for i in range(20)}
+    h = Harness(max_buffered=100_000, ack_timeout_ms=10_000_000)
+    acked = _stall_run(h, stalled, 8_000)
+    progress = h.engine.take_commit().progress
+    h.new_engine(progress)
+    before = h.store.reads
+    replayed: list[int] = []
+    while got := h.pull(1000):
+        replayed += offsets(got)
+        h.ack(*got)
+    assert not set(replayed) & acked
+    assert sorted(replayed) == sorted(o for o in range(8_000) if f"k{o % 100}" in stalled)
+    # 20 restore ranges (the heads) + one scan of 8,000 offsets, not one scan per key.
+    assert h.store.reads - before < 20 + 8_000 // 2000 + 8
