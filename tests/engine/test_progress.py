@@ -142,3 +142,18 @@ def test_a_restart_reads_all_stuck_keys_back_in_one_scan() -> None:
     assert sorted(replayed) == sorted(o for o in range(8_000) if f"k{o % 100}" in stalled)
     # 20 restore ranges (the heads) + one scan of 8,000 offsets, not one scan per key.
     assert h.store.reads - before < 20 + 8_000 // 2000 + 8
+
+
+def test_the_restart_scan_skips_heads_that_were_restored() -> None:
+    h = Harness(ack_timeout_ms=10_000_000)
+    for k in "BBABA":  # B: 0 (head), 1, 3 waiting; A: 2 (head), 4 waiting
+        h.produce(k)
+    assert sorted(offsets(h.pull())) == [0, 2]
+    progress = h.engine.take_commit().progress
+    assert progress[("t", 0)].parked == (("A", 4), ("B", 1))
+    h.new_engine(progress)
+    seen: list[int] = []
+    while got := h.pull():
+        seen += offsets(got)
+        h.ack(*got)
+    assert sorted(seen) == [0, 1, 2, 3, 4]  # each exactly once, A's head not read twice
