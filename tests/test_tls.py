@@ -11,12 +11,14 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -46,6 +48,7 @@ from spark_sink.errors import SinkConfigError
 from spark_sink.producer import check_service
 from tests.support import wait_until
 from tests.test_cli import free_port
+from tests.test_docs_snippets import ROOT, extract
 
 ADMIN = "tls-admin-token-0001"
 CONSUMER = "tls-consumer-token-01"
@@ -175,42 +178,27 @@ topics = {{ tls-rides = {{ order_by = "key" }} }}
 """
 
 
-@pytest.fixture(scope="module")
-def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
-    work = tmp_path_factory.mktemp("tls-server")
+@contextmanager
+def serving_tls(work: Path, config_text: str, cert: Path, key: Path, ca: Path) -> Iterator[str]:
+    """``cproxy serve --tls-cert --tls-key`` as a subprocess until the block ends; its URL."""
     config = work / "cproxy.toml"
-    config.write_text(CONFIG, encoding="utf-8")
-    assert ADMIN not in CONFIG and CONSUMER not in CONFIG  # the file holds no secret
+    config.write_text(config_text, encoding="utf-8")
     port = free_port()
     log = work / "server.log"
+    command = [
+        *(sys.executable, "-m", "cproxy.cli", "serve", "--port", str(port)),
+        *("--data-dir", str(work / "data"), "--config", str(config)),
+        *("--tls-cert", str(cert), "--tls-key", str(key)),
+    ]
     with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cproxy.cli",
-                "serve",
-                "--port",
-                str(port),
-                "--data-dir",
-                str(work / "data"),
-                "--config",
-                str(config),
-                "--tls-cert",
-                str(pki.cert_file),
-                "--tls-key",
-                str(pki.key_file),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     url = f"https://127.0.0.1:{port}"
 
     def ready() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"server exited: {log.read_text()}")
         try:
-            with Client(url, timeout_ms=1000, verify=pki.ca_file) as client:
+            with Client(url, timeout_ms=1000, verify=ca) as client:
                 return client.ready()
         except TransportError:
             return False
@@ -218,7 +206,7 @@ def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
     try:
         wait_until(ready, 30, 0.05, "TLS server ready")
         assert "serving on https://127.0.0.1" in log.read_text()
-        yield TlsServer(url, pki)
+        yield url
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -226,6 +214,14 @@ def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[T
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def tls_server(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
+    assert ADMIN not in CONFIG and CONSUMER not in CONFIG  # the file holds no secret
+    work = tmp_path_factory.mktemp("tls-server")
+    with serving_tls(work, CONFIG, pki.cert_file, pki.key_file, pki.ca_file) as url:
+        yield TlsServer(url, pki)
 
 
 def test_produce_and_pull_over_tls_with_digest_tokens(tls_server: TlsServer) -> None:
@@ -419,3 +415,39 @@ def _cli_with_input(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
         timeout=60,
         check=False,
     )
+
+
+# -- the documents' recipe ----------------------------------------------------------------------
+def test_the_ca_recipe_of_operations_md_makes_certificates_cproxy_serves(tmp_path: Path) -> None:
+    """docs/operations.md's openssl steps give a CA and a certificate that the server loads
+    and the SDK verifies (the docs test only runs them; here they are used)."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to run the documented recipe with")
+    recipe = [
+        s
+        for s in extract(ROOT / "docs" / "operations.md")
+        if s.lang == "bash" and "openssl verify -CAfile ca.crt server.crt" in s.code
+    ]
+    assert len(recipe) == 1, "the CA recipe moved: update this test"
+    made = subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", recipe[0].code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert made.returncode == 0 and "server.crt: OK" in made.stdout, made.stderr
+    tls = tmp_path / "tls"
+    digest = token_digest(ADMIN)
+    config = f'[[tokens]]\nname = "ops"\nrole = "admin"\ntoken_sha256 = "{digest}"\n'
+    ca = tls / "ca.crt"
+    with serving_tls(tmp_path, config, tls / "server.crt", tls / "server.key", ca) as url:
+        for host in (url, url.replace("127.0.0.1", "localhost")):
+            with Client(host, token=ADMIN, verify=ca) as client:
+                assert client.create_topic("recipe", 1).queues == 1
+
+
+def test_the_example_config_loads() -> None:
+    settings = load_settings(ROOT / "deploy" / "cproxy.toml")
+    assert settings.topics == {"rides": 8} and not settings.tls_enabled
