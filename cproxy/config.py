@@ -341,8 +341,14 @@ def check_tls_files(settings: Settings) -> None:
     try:
         # password="" makes an encrypted key fail at once instead of prompting on the tty.
         context.load_cert_chain(settings.tls_cert, settings.tls_key, password="")
-    except OSError as exc:  # ssl.SSLError is an OSError too
-        reason = exc.strerror or getattr(exc, "reason", None) or str(exc)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: "
+            f"{exc.reason or exc} (both must be PEM, the key the certificate's own, without "
+            "a passphrase)"
+        ) from exc
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
         raise ConfigError(
             f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: {reason}"
         ) from exc

@@ -364,8 +364,32 @@ def test_serve_refuses_a_key_of_another_certificate(pki: Pki, tmp_path: Path) ->
             ]
         )
     assert str(caught.value.code).startswith("cproxy: error: cannot load TLS certificate")
+    # A key with a passphrase is refused at start, never prompted for.
+    locked = tmp_path / "locked.key"
+    key = serialization.load_pem_private_key(pki.key_file.read_bytes(), None)
+    locked.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    with pytest.raises(ConfigError, match="without a passphrase"):
+        load_settings(None, tls_cert=str(pki.cert_file), tls_key=str(locked))
     with pytest.raises(ConfigError, match="No such file"):
         load_settings(None, tls_cert=str(tmp_path / "missing.crt"), tls_key=str(pki.key_file))
+
+
+def test_a_ca_file_that_does_not_load_fails_where_it_is_given(tmp_path: Path) -> None:
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("not a certificate\n")
+    for path in (tmp_path / "missing.pem", not_pem):
+        with pytest.raises(ValueError, match="cannot load CA file"):
+            Client("https://127.0.0.1:1", verify=path)
+        with pytest.raises(SinkConfigError, match="cannot load ca_file"):
+            SinkOptions.create(url="https://h:1", topic="t", key_col="k", ca_file=str(path))
+    cli = _cli("topics", "list", "--url", "https://127.0.0.1:1", "--ca-file", str(not_pem))
+    assert cli.returncode == 2 and "cannot load CA file" in cli.stderr, cli.stderr
 
 
 def _tokens(*items: Mapping[str, object]) -> dict[str, object]:
