@@ -9,8 +9,6 @@ path, body, whether it may be repeated, and how to parse its answer; :class:`Cli
 
 from __future__ import annotations
 
-import os
-import ssl
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -19,6 +17,7 @@ from typing import Any, Final, Generic, Self, TypeVar
 import httpx
 import orjson
 
+from consumer_sdk._tls import Verify, certificate_failure, tls_verify
 from consumer_sdk._wire import (
     api_error,
     as_object,
@@ -68,43 +67,6 @@ BlockedHead = str | tuple[int, int]
 _JSON: Final = {"content-type": "application/json", "accept": "application/json"}
 #: Never wait longer than this on one ``Retry-After``, whatever the server asks.
 MAX_RETRY_AFTER_MS: Final = 30_000
-
-#: How a client checks an https:// server's certificate: ``True`` (the default) against HTTPX's
-#: trusted CAs (the ``certifi`` bundle); a path to a PEM CA bundle, for a private CA; a ready
-#: ``ssl.SSLContext`` (e.g. with a client certificate); ``False`` not at all (tests only).
-Verify = bool | str | os.PathLike[str] | ssl.SSLContext
-
-
-def tls_verify(url: str, verify: Verify) -> bool | ssl.SSLContext:
-    """What to hand HTTPX as ``verify`` for ``url``; a CA bundle is loaded here, once.
-
-    Raises ``ValueError`` when the CA file cannot be read or holds no PEM certificate, so a
-    wrong path fails when the client is built rather than on every call.
-    """
-    if isinstance(verify, bool | ssl.SSLContext):
-        # A plain-HTTP client never makes a TLS connection (paths are relative to the base URL
-        # and redirects are not followed), so skip building the default SSL context: it costs
-        # ~10 ms per client.
-        return False if url.startswith("http://") else verify
-    path = os.fspath(verify)
-    try:
-        return ssl.create_default_context(cafile=path)
-    except OSError as exc:  # ssl.SSLError is an OSError too
-        reason = exc.strerror or str(exc)
-        raise ValueError(f"cannot load CA file {path!r}: {reason}") from exc
-
-
-def _certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | None:
-    """The certificate verification error behind an HTTPX error, if that is what it was."""
-    seen: BaseException | None = exc
-    for _ in range(8):  # HTTPX -> httpcore -> ssl: a short chain; bounded against cycles
-        if seen is None:
-            return None
-        if isinstance(seen, ssl.SSLCertVerificationError):
-            return seen
-        seen = seen.__cause__ or seen.__context__
-    return None
-
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
@@ -196,7 +158,7 @@ class BaseClient:
 
     def _translate(self, exc: httpx.HTTPError, call: Call[Any]) -> ClientError:
         where = f"{call.method} {self.url}{call.path}"
-        failure = _certificate_failure(exc)
+        failure = certificate_failure(exc)
         if failure is not None:
             return CertificateError(
                 f"{where}: the server's TLS certificate failed verification "

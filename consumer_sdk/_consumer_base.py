@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from consumer_sdk._base import Verify
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import ConsumerConfig, ConsumerOptions
 
 from ._core import ConsumerCore, Dispatcher

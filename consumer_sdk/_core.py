@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from consumer_sdk._base import Verify
+from consumer_sdk._tls import Verify
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError, ResourceNotFound

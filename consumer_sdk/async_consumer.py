@@ -12,7 +12,7 @@ from typing import Any, Self, Unpack
 
 import httpx
 
-from consumer_sdk._base import Verify
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import ConsumerOptions
 from consumer_sdk.errors import ConsumerError
 from consumer_sdk.models import Message

@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 
 import httpx
 
-from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing, Verify
+from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import NO_RETRY, RetryPolicy
 from consumer_sdk.errors import ClientError, ServiceUnavailable
 from consumer_sdk.models import (

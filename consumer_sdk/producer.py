@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 
-from consumer_sdk._base import AsyncClosing, Closing, Verify
+from consumer_sdk._base import AsyncClosing, Closing
+from consumer_sdk._tls import Verify
 from consumer_sdk.client import DEFAULT_TIMEOUT_MS, AsyncClient, Client
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.models import OutgoingMessage, SendResult, TopicInfo
