@@ -18,6 +18,7 @@ from consumer_sdk.consumer import Consumer
 from consumer_sdk.errors import (
     ApiError,
     BadRequest,
+    CertificateError,
     ClientError,
     ConnectError,
     ConsumerError,
@@ -66,6 +67,7 @@ __all__ = [
     "AsyncConsumer",
     "AsyncProducer",
     "BadRequest",
+    "CertificateError",
     "Claim",
     "Client",
     "ClientError",

@@ -17,6 +17,7 @@ from typing import Any, Final, Generic, Self, TypeVar
 import httpx
 import orjson
 
+from consumer_sdk._tls import Verify, certificate_failure, tls_verify
 from consumer_sdk._wire import (
     api_error,
     as_object,
@@ -36,6 +37,7 @@ from consumer_sdk._wire import (
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import (
     ApiError,
+    CertificateError,
     ClientError,
     ConnectError,
     ProtocolError,
@@ -65,7 +67,6 @@ BlockedHead = str | tuple[int, int]
 _JSON: Final = {"content-type": "application/json", "accept": "application/json"}
 #: Never wait longer than this on one ``Retry-After``, whatever the server asks.
 MAX_RETRY_AFTER_MS: Final = 30_000
-
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
@@ -126,6 +127,7 @@ class BaseClient:
         token: str | None,
         timeout_ms: int,
         retry: RetryPolicy,
+        verify: Verify = True,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"server URL must start with http:// or https://, got {url!r}")
@@ -133,6 +135,8 @@ class BaseClient:
             raise ValueError("timeout_ms must be >= 1")
         self.url = url.rstrip("/")
         self.retry = retry
+        #: What the HTTPX client gets as ``verify`` (see :data:`Verify`).
+        self._verify = tls_verify(url, verify)
         self._timeout_s = timeout_ms / 1000
         self._headers = dict(_JSON)
         if token:
@@ -154,6 +158,13 @@ class BaseClient:
 
     def _translate(self, exc: httpx.HTTPError, call: Call[Any]) -> ClientError:
         where = f"{call.method} {self.url}{call.path}"
+        failure = certificate_failure(exc)
+        if failure is not None:
+            return CertificateError(
+                f"{where}: the server's TLS certificate failed verification "
+                f"({failure.verify_message or failure.reason}); for a private CA pass its "
+                "bundle as verify=/ca_file (CLI: --ca-file or CPROXY_CA_FILE)"
+            )
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
             return ConnectError(f"{where}: cannot connect: {exc}")
         if isinstance(exc, httpx.TimeoutException):

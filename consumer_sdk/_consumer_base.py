@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import ConsumerConfig, ConsumerOptions
 
 from ._core import ConsumerCore, Dispatcher
@@ -41,6 +42,7 @@ class ConsumerBase:
         handle_signals: bool,
         transport: httpx.AsyncBaseTransport | None,
         options: ConsumerOptions,
+        verify: Verify = True,
     ) -> None:
         self.servers = server_list(servers)
         self.group = group
@@ -51,6 +53,7 @@ class ConsumerBase:
         self._token = token
         self._handle_signals = handle_signals
         self._transport = transport
+        self._verify = verify
         self._core: ConsumerCore | None = None
 
     def __repr__(self) -> str:
@@ -70,4 +73,5 @@ class ConsumerBase:
             token=self._token,
             ensure_group=self._ensure_group,
             transport=self._transport,
+            verify=self._verify,
         )

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from consumer_sdk._tls import Verify
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError, ResourceNotFound
@@ -55,6 +56,7 @@ class ConsumerCore:
         token: str | None = None,
         ensure_group: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         self.servers = list(servers)
         self.group = group
@@ -70,6 +72,7 @@ class ConsumerCore:
         self._token = token
         self._group_body = group_body(ensure_group, topics) if ensure_group is not None else None
         self._transport = transport
+        self._verify = verify
         self._pullers: list[asyncio.Task[None]] = []
         self._background: list[asyncio.Task[None]] = []
         self._in_pull = [False] * len(self.servers)
@@ -189,6 +192,7 @@ class ConsumerCore:
                 timeout_ms=cfg.request_timeout_ms,
                 retry=cfg.retry,
                 transport=self._transport,
+                verify=self._verify,
             )
             for url in self.servers
         ]

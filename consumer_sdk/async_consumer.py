@@ -12,6 +12,7 @@ from typing import Any, Self, Unpack
 
 import httpx
 
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import ConsumerOptions
 from consumer_sdk.errors import ConsumerError
 from consumer_sdk.models import Message
@@ -71,6 +72,7 @@ class AsyncConsumer(ConsumerBase):
         token: str | None = None,
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: Verify = True,
         **options: Unpack[ConsumerOptions],
     ) -> None:
         super().__init__(
@@ -81,6 +83,7 @@ class AsyncConsumer(ConsumerBase):
             token=token,
             handle_signals=handle_signals,
             transport=transport,
+            verify=verify,
             options=options,
         )
         self._handler = handler

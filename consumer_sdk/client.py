@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import NO_RETRY, RetryPolicy
 from consumer_sdk.errors import ClientError, ServiceUnavailable
 from consumer_sdk.models import (
@@ -40,18 +41,16 @@ T = TypeVar("T")
 SeekTarget = str | int | Mapping[str, int]
 
 
-def _http_kwargs(url: str) -> dict[str, Any]:
-    # A plain-HTTP client never makes a TLS connection (paths are relative to the base URL and
-    # redirects are not followed), so skip building an SSL context: it costs ~10 ms per client.
-    return {"verify": False} if url.startswith("http://") else {}
-
-
 class Client(Closing, BaseClient):
     """Blocking client for one server. Thread-safe; close it (or use ``with``) when done.
 
     ``timeout_ms`` bounds each HTTP call (a pull adds its ``wait_ms``); ``retry`` sets how
-    transient errors are retried; ``transport`` lets tests or custom networking replace the
-    HTTPX transport. Errors are :class:`~consumer_sdk.ClientError` subclasses.
+    transient errors are retried; ``verify`` how an https:// server's certificate is checked:
+    ``True`` (default) against the usual trusted CAs, a path to a PEM CA bundle for a private
+    CA, an ``ssl.SSLContext``, or ``False`` (no check: tests only); a certificate that fails is
+    :class:`~consumer_sdk.CertificateError`, never retried. ``transport`` lets tests or custom
+    networking replace the HTTPX transport. Errors are :class:`~consumer_sdk.ClientError`
+    subclasses.
     """
 
     def __init__(
@@ -62,10 +61,13 @@ class Client(Closing, BaseClient):
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
-        super().__init__(url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy())
+        super().__init__(
+            url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
+        )
         self._http = httpx.Client(
-            base_url=self.url, headers=self._headers, transport=transport, **_http_kwargs(url)
+            base_url=self.url, headers=self._headers, transport=transport, verify=self._verify
         )
 
     def close(self) -> None:
@@ -250,8 +252,11 @@ class AsyncClient(AsyncClosing, BaseClient):
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
+        verify: Verify = True,
     ) -> None:
-        super().__init__(url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy())
+        super().__init__(
+            url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
+        )
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -260,7 +265,7 @@ class AsyncClient(AsyncClosing, BaseClient):
             headers=self._headers,
             transport=transport,
             limits=limits,
-            **_http_kwargs(url),
+            verify=self._verify,
         )
 
     async def aclose(self) -> None:

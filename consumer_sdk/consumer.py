@@ -14,6 +14,7 @@ from typing import Any, Self, Unpack
 
 import httpx
 
+from consumer_sdk._tls import Verify
 from consumer_sdk.config import ConsumerOptions
 from consumer_sdk.errors import ConsumerError
 
@@ -39,6 +40,8 @@ class Consumer(ConsumerBase):
     - ``servers``: one base URL or several; each gets its own puller, and results go back to
       the server that delivered the message.
     - ``group``, ``topics``: the group to consume for and, optionally, a subset of its topics.
+    - ``token``: bearer token. ``verify`` (True): how an https:// server's certificate is
+      checked, as for :class:`~consumer_sdk.Client` (a CA bundle path for a private CA).
     - ``concurrency`` (8): handler threads. ``max_messages`` (32): per pull.
     - ``wait_ms`` (1000): long-poll wait of each pull. A pull in progress cannot be abandoned
       without stranding the messages it may return, so ``stop()`` waits for it: this bounds
@@ -71,6 +74,7 @@ class Consumer(ConsumerBase):
         token: str | None = None,
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: Verify = True,
         **options: Unpack[ConsumerOptions],
     ) -> None:
         if inspect.iscoroutinefunction(handler):
@@ -83,6 +87,7 @@ class Consumer(ConsumerBase):
             token=token,
             handle_signals=handle_signals,
             transport=transport,
+            verify=verify,
             options=options,
         )
         self._handler = handler

@@ -9,6 +9,7 @@ client's own: none repeats a class of the service's ``cproxy.errors`` (whose roo
     ClientError
     ├── TransportError            the server could not be reached or did not answer
     │   ├── ConnectError          the request was never sent: always safe to retry
+    │   │   └── CertificateError  the server's TLS certificate failed verification: not retried
     │   └── RequestTimeout        sent, but no answer in time: it may have been applied
     ├── ProtocolError             the answer was not the JSON the contract promises
     ├── ApiError                  the server answered {"error": {"code", "message"}}
@@ -42,6 +43,14 @@ class TransportError(ClientError):
 
 class ConnectError(TransportError):
     """The connection failed before the request was sent, so nothing was applied."""
+
+
+class CertificateError(ConnectError):
+    """The server's TLS certificate could not be verified (unknown CA, wrong host name,
+    expired), so nothing was sent. Not retried: it fails the same way until the client is
+    given the right CA (``verify=`` / ``--ca-file``) or the server a valid certificate."""
+
+    retryable = False
 
 
 class RequestTimeout(TransportError):

@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 
 from consumer_sdk._base import AsyncClosing, Closing
+from consumer_sdk._tls import Verify
 from consumer_sdk.client import DEFAULT_TIMEOUT_MS, AsyncClient, Client
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.models import OutgoingMessage, SendResult, TopicInfo
@@ -33,8 +34,9 @@ class Producer(Closing):
     """Sends messages to one server. Thread-safe; close it (or use ``with``) when done.
 
     Arguments are those of :class:`~consumer_sdk.Client`: ``url``, and keyword-only ``token``,
-    ``timeout_ms`` (10000, per HTTP call), ``retry`` (a :class:`RetryPolicy`, default 5 tries)
-    and ``transport`` (replaces the HTTPX transport, e.g. in tests).
+    ``timeout_ms`` (10000, per HTTP call), ``retry`` (a :class:`RetryPolicy`, default 5 tries),
+    ``transport`` (replaces the HTTPX transport, e.g. in tests) and ``verify`` (how an https://
+    server's certificate is checked: True, a CA bundle path, an ``ssl.SSLContext``).
 
     Delivery: a returned :class:`SendResult` means the message is durably stored and will reach
     every group subscribed to the topic. Connection failures and 503 are retried with backoff
@@ -55,10 +57,16 @@ class Producer(Closing):
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
         retry: RetryPolicy | None = None,
         transport: httpx.BaseTransport | None = None,
+        verify: Verify = True,
     ) -> None:
         #: The client the producer sends through; use it for the rest of the API.
         self.client = Client(
-            url, token=token, timeout_ms=timeout_ms, retry=retry, transport=transport
+            url,
+            token=token,
+            timeout_ms=timeout_ms,
+            retry=retry,
+            transport=transport,
+            verify=verify,
         )
 
     @property
@@ -115,6 +123,7 @@ class AsyncProducer(AsyncClosing):
         retry: RetryPolicy | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         max_connections: int = 100,
+        verify: Verify = True,
     ) -> None:
         #: The client the producer sends through; use it for the rest of the API.
         self.client = AsyncClient(
@@ -124,6 +133,7 @@ class AsyncProducer(AsyncClosing):
             retry=retry,
             transport=transport,
             max_connections=max_connections,
+            verify=verify,
         )
 
     @property

@@ -15,10 +15,17 @@ Example ``cproxy.toml``::
     max_message_bytes = 1048576
     max_request_bytes = 8388608
 
+    tls_cert = "/etc/cproxy/tls/server.crt"    # optional: serve HTTPS (both or neither)
+    tls_key = "/etc/cproxy/tls/server.key"
+
     [[tokens]]
-    token = "s3cret"
+    token = "s3cret-token"
     role = "producer"            # admin | producer | consumer
     topics = ["rides"]           # optional scope
+
+    [[tokens]]                   # a token kept out of the file: only its SHA-256 digest
+    token_sha256 = "<64 hex digits, from 'cproxy token hash' or 'cproxy token new'>"
+    role = "consumer"
 
     [topics.rides]
     queues = 8
@@ -32,7 +39,9 @@ Example ``cproxy.toml``::
 
 from __future__ import annotations
 
+import hashlib
 import re
+import ssl
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -74,15 +83,50 @@ class Limits:
     max_wait_ms: int = 30_000
 
 
+#: Shortest accepted plain-text token, in characters.
+MIN_TOKEN_CHARS: Final = 8
+_SHA256_HEX: Final = re.compile(r"^[0-9a-f]{64}\Z")
+
+
+def token_digest(secret: str) -> str:
+    """The SHA-256 of a token's UTF-8 bytes, as 64 lowercase hex digits (``token_sha256``)."""
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
-    """A bearer token; ``topics``/``groups`` of None mean "any"."""
+    """A bearer token; ``topics``/``groups`` of None mean "any".
 
-    token: str
+    Give the secret either in plain text (``token``) or as its SHA-256 digest
+    (``token_sha256``, 64 hex digits), so a config file need not hold the secret itself;
+    exactly one of the two. The authorizer only ever compares digests (:attr:`digest`).
+    """
+
+    token: str | None = field(repr=False)
     role: Role
     topics: frozenset[str] | None = None
     groups: frozenset[str] | None = None
     name: str = "unnamed"
+    token_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.token is None) == (self.token_sha256 is None):
+            raise ConfigError(f"token {self.name!r}: give exactly one of token or token_sha256")
+        if self.token_sha256 is not None:
+            normal = self.token_sha256.strip().lower()
+            if not _SHA256_HEX.match(normal):
+                raise ConfigError(
+                    f"token {self.name!r}: token_sha256 must be 64 hex digits (a SHA-256)"
+                )
+            object.__setattr__(self, "token_sha256", normal)
+
+    @property
+    def digest(self) -> bytes:
+        """The 32-byte SHA-256 of the secret."""
+        if self.token_sha256 is not None:
+            return bytes.fromhex(self.token_sha256)
+        assert self.token is not None  # __post_init__: one of the two is set
+        return hashlib.sha256(self.token.encode("utf-8")).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +145,9 @@ class Settings:
     log_level: str = "info"
     #: "text" (key=value lines) or "json" (one object per line).
     log_format: Literal["text", "json"] = "text"
+    #: PEM certificate chain and private key for HTTPS; both or neither (None: plain HTTP).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     limits: Limits = field(default_factory=Limits)
     tokens: tuple[Token, ...] = ()
     #: How often topics with a retention bound are trimmed (and groups told what they lost).
@@ -114,9 +161,21 @@ class Settings:
     #: Groups declared in the config file: name -> validated config.
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError(
+                "tls_cert and tls_key go together (--tls-cert/--tls-key or [server] "
+                "tls_cert/tls_key): give both or neither"
+            )
+
     @property
     def auth_enabled(self) -> bool:
         return bool(self.tokens)
+
+    @property
+    def tls_enabled(self) -> bool:
+        """Whether the server speaks HTTPS (``tls_cert`` and ``tls_key`` are set)."""
+        return self.tls_cert is not None
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> int:
@@ -146,12 +205,23 @@ def _tokens(raw: Any) -> tuple[Token, ...]:
         where = f"tokens[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{where} must be a table")
-        unknown = set(item) - {"token", "role", "topics", "groups", "name"}
+        unknown = set(item) - {"token", "token_sha256", "role", "topics", "groups", "name"}
         if unknown:
             raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
-        secret = item.get("token")
-        if not isinstance(secret, str) or len(secret) < 8:
-            raise ConfigError(f"{where}.token must be a string of at least 8 characters")
+        secret, digest = item.get("token"), item.get("token_sha256")
+        if (secret is None) == (digest is None):
+            raise ConfigError(f"{where}: give exactly one of token or token_sha256")
+        if secret is not None and (not isinstance(secret, str) or len(secret) < MIN_TOKEN_CHARS):
+            raise ConfigError(
+                f"{where}.token must be a string of at least {MIN_TOKEN_CHARS} characters"
+            )
+        if digest is not None and (
+            not isinstance(digest, str) or not _SHA256_HEX.match(digest.strip().lower())
+        ):
+            raise ConfigError(
+                f"{where}.token_sha256 must be 64 hex digits, the SHA-256 of the token "
+                "('cproxy token hash' prints it)"
+            )
         role = item.get("role")
         if role not in ("admin", "producer", "consumer"):
             raise ConfigError(f"{where}.role must be 'admin', 'producer' or 'consumer'")
@@ -170,9 +240,11 @@ def _tokens(raw: Any) -> tuple[Token, ...]:
                 scopes["topics"],
                 scopes["groups"],
                 str(item.get("name") or f"tokens[{i}]"),
+                token_sha256=digest,
             )
         )
-    if len({t.token for t in tokens}) != len(tokens):
+    # By digest: the same secret given once in plain text and once hashed is a duplicate too.
+    if len({t.digest for t in tokens}) != len(tokens):
         raise ConfigError("tokens must be unique")
     return tuple(tokens)
 
@@ -204,6 +276,10 @@ def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
             if value not in ("text", "json"):
                 raise ConfigError("server.log_format must be 'text' or 'json'")
             out[key] = value
+        elif key in ("tls_cert", "tls_key"):
+            if not isinstance(value, str) or not value:
+                raise ConfigError(f"server.{key} must be a path string")
+            out[key] = Path(value)
         elif key == "log_level":
             if value not in ("debug", "info", "warning", "error"):
                 raise ConfigError("server.log_level must be debug, info, warning or error")
@@ -271,8 +347,34 @@ def load_settings(path: Path | None = None, **overrides: Any) -> Settings:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
     settings = settings_from_mapping(raw)
     given = {k: v for k, v in overrides.items() if v is not None}
-    if "data_dir" in given:
-        given["data_dir"] = Path(given["data_dir"])
+    for key in ("data_dir", "tls_cert", "tls_key"):
+        if key in given:
+            given[key] = Path(given[key])
     if "port" in given:
         _check_int("--port", given["port"], 0, 65535)
-    return replace(settings, **given)
+    settings = replace(settings, **given)
+    check_tls_files(settings)
+    return settings
+
+
+def check_tls_files(settings: Settings) -> None:
+    """Load the TLS certificate and key once, so a wrong path, a key that does not match
+    the certificate or a key with a passphrase fails at start with one line (``ConfigError``)
+    instead of inside uvicorn. A no-op without TLS."""
+    if settings.tls_cert is None or settings.tls_key is None:
+        return
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        # password="" makes an encrypted key fail at once instead of prompting on the tty.
+        context.load_cert_chain(settings.tls_cert, settings.tls_key, password="")
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: "
+            f"{exc.reason or exc} (both must be PEM, the key the certificate's own, without "
+            "a passphrase)"
+        ) from exc
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(
+            f"cannot load TLS certificate {settings.tls_cert} with key {settings.tls_key}: {reason}"
+        ) from exc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import ssl
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
@@ -44,6 +45,9 @@ class SinkOptions:
     id_prefix: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     token: str | None = field(default=None, repr=False)
+    #: PEM CA bundle that signed an https:// server's certificate (a private CA). None: the
+    #: usual trusted CAs. A path that must exist on the driver and on every executor.
+    ca_file: str | None = None
     timeout_ms: int = 30_000
     max_retries: int = 8
     retry_initial_ms: int = 100
@@ -170,6 +174,20 @@ class SinkOptions:
             )
         if not isinstance(self.verify_order, bool):
             raise SinkConfigError("cproxy sink: verify_order must be a bool")
+        if self.ca_file is not None:
+            _check_ca_file(self.ca_file)
+
+
+def _check_ca_file(path: object) -> None:
+    """Load the CA bundle once on the driver, so a wrong path fails before any task runs."""
+    if not isinstance(path, str) or not path:
+        raise SinkConfigError("cproxy sink: ca_file must be a path string")
+    try:
+        ssl.create_default_context(cafile=path)
+    except OSError as exc:  # ssl.SSLError is an OSError too
+        raise SinkConfigError(
+            f"cproxy sink: cannot load ca_file {path!r}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _normal(name: str) -> str:
@@ -215,7 +233,7 @@ def _parse_string(name: str, value: str) -> object:
                 f"cproxy sink: option 'verify_order' must be true or false, got {value!r}"
             )
         return lowered == "true"
-    if name == "order_col" and not value.strip():
+    if name in ("order_col", "ca_file") and not value.strip():
         return None
     return value
 

@@ -18,7 +18,15 @@ from dataclasses import dataclass
 
 import httpx
 
-from consumer_sdk import NO_RETRY, ApiError, Client, ClientError, ProtocolError, TransportError
+from consumer_sdk import (
+    NO_RETRY,
+    ApiError,
+    CertificateError,
+    Client,
+    ClientError,
+    ProtocolError,
+    TransportError,
+)
 from consumer_sdk.errors import PermissionDenied, ResourceNotFound
 from spark_sink.errors import ProduceRejectedError, SinkConfigError, SinkUnavailableError
 from spark_sink.options import SinkOptions
@@ -43,7 +51,20 @@ class ProduceResult:
 def _client(options: SinkOptions, transport: httpx.BaseTransport | None, timeout_ms: int) -> Client:
     # NO_RETRY: the sink retries itself (see Producer.send), with its own options and rules.
     return Client(
-        options.url, token=options.token, timeout_ms=timeout_ms, retry=NO_RETRY, transport=transport
+        options.url,
+        token=options.token,
+        timeout_ms=timeout_ms,
+        retry=NO_RETRY,
+        transport=transport,
+        verify=options.ca_file if options.ca_file is not None else True,
+    )
+
+
+def _untrusted(exc: CertificateError, options: SinkOptions) -> SinkConfigError:
+    # Never retried: it fails the same way until the sink is told which CA to trust.
+    return SinkConfigError(
+        f"cproxy sink: cannot trust the certificate of {options.url} ({exc}); set the ca_file "
+        "option to the PEM bundle of the CA that signed it"
     )
 
 
@@ -110,6 +131,8 @@ class Producer:
         """One call: the results, or a description of a transient failure and Retry-After."""
         try:
             sent = self._client.produce_encoded(self._options.topic, encoded, with_ids=True)
+        except CertificateError as exc:
+            raise _untrusted(exc, self._options) from exc
         except TransportError as exc:
             return str(exc), None
         except ApiError as exc:
@@ -165,6 +188,8 @@ def check_service(options: SinkOptions, transport: httpx.BaseTransport | None = 
                 if options.create_topic_queues is None:
                     raise
                 return client.create_topic(options.topic, options.create_topic_queues).queues
+        except CertificateError as exc:
+            raise _untrusted(exc, options) from exc
         except TransportError as exc:
             raise SinkUnavailableError(
                 f"cproxy sink: cannot reach cproxy at {options.url}: {exc}"

@@ -26,6 +26,7 @@ See docs/auth.md for the per-endpoint table.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Literal
@@ -55,7 +56,9 @@ _ROLES: dict[Action, frozenset[str]] = {
 class Authorizer:
     def __init__(self, settings: Settings) -> None:
         self.enabled = settings.auth_enabled
-        self._tokens = {t.token: t for t in settings.tokens}
+        # Digests only: a token may be configured as its SHA-256 (token_sha256), and comparing
+        # digests of equal length keeps the comparison constant-time for plain tokens too.
+        self._tokens = tuple((t.digest, t) for t in settings.tokens)
 
     def identify(self, header: str | None) -> Token | None:
         """The token behind an ``Authorization`` header.
@@ -69,11 +72,16 @@ class Authorizer:
         presented = rest.strip()
         if scheme.lower() != "bearer" or not presented:
             raise Unauthorized("missing 'Authorization: Bearer <token>' header")
-        for secret, token in self._tokens.items():
-            # Constant-time compare so response timing reveals nothing about tokens.
-            if hmac.compare_digest(secret.encode(), presented.encode()):
-                return token
-        raise InvalidToken("unknown token")
+        digest = hashlib.sha256(presented.encode("utf-8")).digest()
+        found: Token | None = None
+        for expected, token in self._tokens:
+            # Constant-time compare of every configured digest, with no early exit, so
+            # response timing reveals nothing about the tokens or about which one matched.
+            if hmac.compare_digest(expected, digest) and found is None:
+                found = token
+        if found is None:
+            raise InvalidToken("unknown token")
+        return found
 
     # -- the rule --------------------------------------------------------------------------------
     @staticmethod

@@ -1,9 +1,10 @@
-"""``cproxy serve | topics | groups | produce | tail | peek | dead-letters | blocked``.
+"""``cproxy serve | token | topics | groups | produce | tail | peek | dead-letters | blocked``.
 
-``serve`` runs the service; the other commands are a client of a running server, built on the
-SDK's :class:`consumer_sdk.Client` (``--url``, default http://127.0.0.1:9713; ``--token`` or
-``CPROXY_TOKEN`` for auth). ``main`` is the ``cproxy`` entry point, and ``python -m
-cproxy.cli`` runs it too.
+``serve`` runs the service (HTTPS with ``--tls-cert``/``--tls-key``); ``token`` makes bearer
+tokens and their digests offline; the other commands are a client of a running server, built
+on the SDK's :class:`consumer_sdk.Client` (``--url``, default http://127.0.0.1:9713;
+``--token`` or ``CPROXY_TOKEN`` for auth; ``--ca-file`` or ``CPROXY_CA_FILE`` for a private
+CA). ``main`` is the ``cproxy`` entry point, and ``python -m cproxy.cli`` runs it too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from consumer_sdk import ClientError
 from cproxy.cli.commands import COMMANDS, CommandError, client_for
 from cproxy.cli.parser import build_parser
 from cproxy.cli.serve import serve
+from cproxy.cli.token import TokenInputError, token_command
 from cproxy.config import load_settings
 from cproxy.errors import CproxyError
 
@@ -36,10 +38,18 @@ def main(argv: list[str] | None = None) -> None:
                 data_dir=args.data_dir,
                 log_level=args.log_level,
                 log_format=args.log_format,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
             )
         except CproxyError as exc:
             raise SystemExit(f"cproxy: error: {exc.message}") from exc
         serve(settings)
+        return
+    if args.command == "token":
+        try:
+            token_command(args.action)
+        except TokenInputError as exc:
+            raise SystemExit(f"cproxy: error: {exc}") from exc
         return
     command = COMMANDS[args.command]
     try:

@@ -41,9 +41,14 @@ def _json_arg(text: str, what: str) -> Any:
 
 
 def client_for(args: argparse.Namespace) -> Client:
-    """An SDK client for ``--url``/``--token`` (or ``$CPROXY_TOKEN``)."""
+    """An SDK client for ``--url``/``--token`` (or ``$CPROXY_TOKEN``) and ``--ca-file`` (or
+    ``$CPROXY_CA_FILE``; without one an https:// server is checked against the usual CAs)."""
     token = args.token or os.environ.get("CPROXY_TOKEN")
-    return Client(args.url, token=token, timeout_ms=args.timeout_ms)
+    verify = args.ca_file if args.ca_file is not None else True
+    try:
+        return Client(args.url, token=token, timeout_ms=args.timeout_ms, verify=verify)
+    except ValueError as exc:  # a malformed --url, or a --ca-file that does not load
+        raise CommandError(str(exc)) from exc
 
 
 # -- topics -------------------------------------------------------------------------------------

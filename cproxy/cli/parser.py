@@ -17,7 +17,8 @@ DESCRIPTION = """\
 cproxy: ordered delivery per key without head-of-line blocking.
 
 'cproxy serve' runs the service. The other commands are a client of a running server:
---url (default $CPROXY_URL or http://127.0.0.1:9713) and --token (default $CPROXY_TOKEN).
+--url (default $CPROXY_URL or http://127.0.0.1:9713), --token (default $CPROXY_TOKEN) and,
+for https, --ca-file (default $CPROXY_CA_FILE). 'cproxy token new|hash' makes tokens.
 Results print as JSON (tail/peek: one JSON object per line); errors print one line,
 'cproxy: error: ...', and exit with status 1 (2 for a usage error, 130 on Ctrl-C).
 """
@@ -66,6 +67,13 @@ def _client_flags(p: argparse.ArgumentParser) -> None:
         default=40_000,
         help="how long one HTTP call may take, in milliseconds",
     )
+    p.add_argument(
+        "--ca-file",
+        type=Path,
+        default=os.environ.get("CPROXY_CA_FILE") or None,
+        help="PEM CA bundle that signed the server's certificate, for an https:// URL "
+        "(default: $CPROXY_CA_FILE, else the usual trusted CAs)",
+    )
 
 
 def _add(sub: Commands, name: str, text: str) -> argparse.ArgumentParser:
@@ -79,9 +87,27 @@ def _serve(sub: Commands) -> None:
     s.add_argument("--data-dir", type=Path, help="SQLite data directory (default: ./cproxy-data)")
     s.add_argument("--config", type=Path, help="TOML file: topics, groups, tokens, limits")
     s.add_argument(
+        "--tls-cert",
+        type=Path,
+        help="PEM certificate (chain) to serve HTTPS; needs --tls-key (default: plain HTTP)",
+    )
+    s.add_argument(
+        "--tls-key", type=Path, help="PEM private key of --tls-cert, without a passphrase"
+    )
+    s.add_argument(
         "--log-level", choices=["debug", "info", "warning", "error"], help="(default: info)"
     )
     s.add_argument("--log-format", choices=["text", "json"], help="(default: text)")
+
+
+def _token(sub: Commands) -> None:
+    p = _add(
+        sub,
+        "token",
+        "make bearer tokens for the config file: 'new' prints a random token and its SHA-256 "
+        "(JSON); 'hash' reads a token on stdin and prints its SHA-256, for token_sha256",
+    )
+    p.add_argument("action", choices=["new", "hash"], help="what to do")
 
 
 def _topics(sub: Commands) -> None:
@@ -231,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve(sub)
+    _token(sub)
     _topics(sub)
     _groups(sub)
     _produce(sub)

@@ -40,7 +40,8 @@ def serve(settings: Settings) -> None:
                 settings.host,
             )
     logger.info(
-        "serving on http://%s:%d with data in %s",
+        "serving on %s://%s:%d with data in %s",
+        "https" if settings.tls_enabled else "http",
         settings.host,
         settings.port,
         settings.data_dir.resolve(),
@@ -56,6 +57,9 @@ def serve(settings: Settings) -> None:
         http="auto",
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # uvicorn's own TLS: None for both serves plain HTTP.
+        ssl_certfile=settings.tls_cert,
+        ssl_keyfile=settings.tls_key,
     )
     server = uvicorn.Server(config)
     broker = app.state.broker

@@ -1,8 +1,8 @@
 """The PostgreSQL store: one database shared by every proxy of a cluster (asyncpg).
 
-Install with the ``postgres`` extra (``pip install 'cproxy[postgres]'``). ``PostgresStore(dsn)``
-is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore`` protocols of
-``base.py``) and keeps the same rules as the SQLite and memory stores.
+Install with the ``postgres`` extra (``pip install 'cproxy-ordered[postgres]'``).
+``PostgresStore(dsn)`` is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore``
+protocols of ``base.py``) and keeps the same rules as the SQLite and memory stores.
 
 Schema (version 2; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
 ``_pg_schema.MIGRATIONS`` holds the migration from each version to the next):

@@ -20,7 +20,7 @@ def test_import_without_pyspark_works_until_spark_is_needed() -> None:
             try:
                 call()
             except ImportError as exc:
-                assert "pip install 'cproxy[spark]'" in str(exc), exc
+                assert "pip install 'cproxy-ordered[spark]'" in str(exc), exc
             else:
                 raise AssertionError("expected ImportError")
         print("ok")
