@@ -294,3 +294,39 @@ def test_client_errors_reach_the_cli_as_sdk_errors() -> None:
     with pytest.raises(SystemExit) as info:
         main(["topics", "--url", "http://127.0.0.1:9", "--timeout-ms", "500"])
     assert isinstance(info.value.__cause__, ClientError)
+
+
+@pytest.mark.slow
+def test_serve_startup_errors_and_ctrl_c_print_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "cproxy.toml"
+    config.write_text("")
+    port = free_port()
+    first = serve(tmp_path / "data", config, port)
+    try:
+        # A second server on the same data dir, and one on a port in use: one line each,
+        # before anything starts (the busy port's data dir gets no store).
+        for data_dir, port_arg, expected in (
+            (tmp_path / "data", free_port(), "is in use by another cproxy store"),
+            (tmp_path / "other", port, "cannot listen on 127.0.0.1:"),
+        ):
+            cmd = [sys.executable, "-m", "cproxy.cli", "serve", "--data-dir", str(data_dir)]
+            cmd += ["--port", str(port_arg), "--config", str(config)]
+            out = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert out.returncode == 1, out
+            assert "Traceback" not in out.stdout + out.stderr
+            assert out.stderr.strip().splitlines()[-1].startswith("cproxy: error: "), out.stderr
+            assert expected in out.stderr
+        assert not (tmp_path / "other" / "cproxy.db").exists()
+        first.send_signal(signal.SIGINT)  # Ctrl-C
+        output = first.communicate(timeout=30)[0].decode()
+        assert first.returncode == 0
+        assert "Traceback" not in output and "broker stopped" in output
+    finally:
+        if first.poll() is None:
+            first.kill()

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
+import socket
 from typing import Any
 
 from cproxy.config import Settings
+from cproxy.errors import CproxyError
 from cproxy.logs import configure_logging
 
 logger = logging.getLogger("cproxy")
@@ -39,6 +42,15 @@ def serve(settings: Settings) -> None:
                 "network; declare [[tokens]] in the config file",
                 settings.host,
             )
+    # Fail fast, with one line, on what would otherwise surface only after start-up (a
+    # traceback from the app's lifespan, or a bind error after the store was opened).
+    try:
+        from cproxy.store.sqlite import check_data_dir
+
+        check_data_dir(settings.data_dir)
+    except CproxyError as exc:
+        raise SystemExit(f"cproxy: error: {exc.message}") from None
+    listener = _listen(settings.host, settings.port)
     logger.info(
         "serving on %s://%s:%d with data in %s",
         "https" if settings.tls_enabled else "http",
@@ -71,4 +83,19 @@ def serve(settings: Settings) -> None:
         original(sig, frame)
 
     server.handle_exit = handle_exit  # type: ignore[method-assign]
-    server.run()
+    with contextlib.suppress(KeyboardInterrupt):  # a second Ctrl-C during shutdown
+        server.run(sockets=[listener])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the listening socket before anything starts; one clear line if that fails."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cproxy: error: cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock

@@ -47,6 +47,7 @@ from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
     SYNCHRONOUS,
     Database,
+    DirLock,
     dead_letter,
     dead_letter_row,
 )
@@ -300,3 +301,16 @@ class SqliteStore(SqliteTopics):
             lambda conn: conn.execute(DEAD_LETTER_SELECT, (group, 1, None, None)).fetchall()
         )
         return [dead_letter(group, row) for row in rows]
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Raise ``StoreError`` (one clear sentence) when another process uses ``data_dir``.
+
+    For ``cproxy serve`` to fail fast, before anything starts; the store takes the same lock
+    again when it opens (a tiny window in which another process could win is then reported
+    by the store).
+    """
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = DirLock(data_dir)
+    lock.acquire()
+    lock.release()
