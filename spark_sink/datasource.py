@@ -31,6 +31,7 @@ from pyspark.sql.datasource import DataSource, DataSourceWriter, WriterCommitMes
 from pyspark.sql.types import StructType
 
 from spark_sink.errors import SinkConfigError
+from spark_sink.executors import check_executors
 from spark_sink.options import SinkOptions
 from spark_sink.partition import PartitionWriter, WriteSummary
 from spark_sink.producer import check_service
@@ -65,6 +66,9 @@ class CproxyDataSource(DataSource):
             )
         options.check_columns(schema.fieldNames())
         check_service(options)
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            check_executors(active)
         encoder = RowEncoder(
             schema.jsonValue(),
             options.key_col,

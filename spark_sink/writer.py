@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from spark_sink.executors import check_executors
 from spark_sink.options import SinkOptions
 from spark_sink.partition import BatchHook, PartitionWriter, WriteSummary
 from spark_sink.producer import check_service
@@ -117,6 +118,7 @@ def write_with_options(
     """``write_dataframe`` with already validated options."""
     require_pyspark()
     options.check_columns(df.columns)
+    check_executors(df.sparkSession)
     if not service_checked:
         check_service(options)
     encoder = RowEncoder(
