@@ -10,6 +10,8 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
 from .broker import Broker, GroupSummary, GroupView, SeekTarget
+from .message_json import delivery_json, message_json
+from .push import PushStats
 from .runner import PullResult
 
 __all__ = [
@@ -22,6 +24,9 @@ __all__ = [
     "GroupView",
     "Outcome",
     "PullResult",
+    "PushStats",
     "Result",
     "SeekTarget",
+    "delivery_json",
+    "message_json",
 ]

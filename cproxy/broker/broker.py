@@ -43,6 +43,7 @@ from cproxy.placement import queue_for_key
 from cproxy.store.base import Store
 
 from .clock import now_ms
+from .push import PushStats
 from .runner import GroupRunner, PullResult
 
 logger = logging.getLogger(__name__)
@@ -72,6 +73,8 @@ class GroupView:
     dead_lettered: int
     #: Age of the oldest message not yet acked or dead-lettered (ms); None if none.
     oldest_unfinished_age_ms: int | None = None
+    #: One entry per topic whose messages are pushed (cproxy.broker.push).
+    push: tuple[PushStats, ...] = ()
 
 
 class Broker:
@@ -298,7 +301,7 @@ class Broker:
                     at = first[0].produced_at_ms
                     oldest = at if oldest is None else min(oldest, at)
         age = None if oldest is None else max(0, now_ms() - oldest)
-        return GroupView(name, runner.config, stats, dead, age)
+        return GroupView(name, runner.config, stats, dead, age, tuple(runner.push_stats()))
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""

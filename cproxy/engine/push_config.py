@@ -18,9 +18,13 @@ MAX_PUSH_IN_FLIGHT: Final = 1024
 MAX_PUSH_TIMEOUT_MS: Final = 600_000
 MAX_PUSH_PER_KEY: Final = 1000
 #: Headers the proxy sets itself on every push request.
-RESERVED_HEADERS: Final = frozenset({"content-type", "content-length", "host", "x-cproxy-signature"})
+RESERVED_HEADERS: Final = frozenset(
+    {"content-type", "content-length", "host", "x-cproxy-signature"}
+)
 
-_KNOWN: Final = frozenset({"url", "max_in_flight", "timeout_ms", "headers", "secret", "max_per_key"})
+_KNOWN: Final = frozenset(
+    {"url", "max_in_flight", "timeout_ms", "headers", "secret", "max_per_key"}
+)
 
 
 @dataclass(frozen=True, slots=True)
