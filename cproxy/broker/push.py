@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import ssl
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -133,22 +134,13 @@ class PushLane:
 
     async def run(self) -> None:
         """Push until the group stops; requests under way are awaited, not abandoned."""
-        timeout_s = self.config.timeout_ms / 1000
-        limits = httpx.Limits(
-            max_connections=self.config.max_in_flight,
-            max_keepalive_connections=self.config.max_in_flight,
-        )
-        # A connection not made within 90% of the budget counts as unreachable (uncharged),
-        # not as a slow answer; the whole request is still bounded by ``timeout_ms``.
-        timeout = httpx.Timeout(timeout_s, connect=timeout_s * 0.9)
-        async with (
-            httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client,
-            anyio.create_task_group() as tg,
-        ):
+        # httpx logs every request at INFO: that would be one server log line per message.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
+        async with _Connections(self.config) as pool, anyio.create_task_group() as tg:
             while not self._source.stopping:
-                await self._fill(client, tg)
+                await self._fill(pool, tg)
 
-    async def _fill(self, client: httpx.AsyncClient, tg: TaskGroup) -> None:
+    async def _fill(self, pool: _Connections, tg: TaskGroup) -> None:
         """Wait until the lane may push, take deliveries for its free slots and send them."""
         paused = self._paused_until_ms
         if paused is not None and (wait := paused - now_ms()) > 0:
@@ -175,12 +167,14 @@ class PushLane:
             return
         for run in _runs(deliveries):
             self._in_flight += len(run)
-            tg.start_soon(self._push, client, run)
+            tg.start_soon(self._push, pool, run)
 
-    async def _push(self, client: httpx.AsyncClient, run: list[Delivery]) -> None:
+    async def _push(self, pool: _Connections, run: list[Delivery]) -> None:
+        client = pool.take()
         try:
             await self._push_one(client, run)
         finally:
+            pool.give_back(client)
             self._in_flight -= len(run)
             event, self._slot_freed = self._slot_freed, anyio.Event()
             event.set()
@@ -271,6 +265,54 @@ class PushLane:
             )
             self._failures = 0
             self._paused_until_ms = None
+
+
+class _Connections:
+    """At most ``max_in_flight`` keep-alive connections to the endpoint, one request each.
+
+    Each connection is its own single-connection ``httpx.AsyncClient``: one shared pool of
+    many connections costs far more per request under concurrency (encode/httpx#3215:
+    about 13 ms per request at 64 concurrent on loopback, against about 1.5 ms this way).
+    The lane never has more requests open than ``max_in_flight``, so ``take`` always finds
+    or makes a connection; idle ones are reused most-recent first, so a light load keeps
+    few sockets open.
+    """
+
+    def __init__(self, config: PushConfig) -> None:
+        timeout_s = config.timeout_ms / 1000
+        # A connection not made within 90% of the budget counts as unreachable (uncharged),
+        # not as a slow answer; the whole request is still bounded by ``timeout_ms``.
+        self._timeout = httpx.Timeout(timeout_s, connect=timeout_s * 0.9)
+        self._limit = config.max_in_flight
+        # One TLS context for all of them: building one loads the CA bundle (~40 ms).
+        self._tls = ssl.create_default_context()
+        self._idle: list[httpx.AsyncClient] = []
+        self._all: list[httpx.AsyncClient] = []
+
+    async def __aenter__(self) -> _Connections:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            for client in self._all:
+                await client.aclose()
+
+    def take(self) -> httpx.AsyncClient:
+        if self._idle:
+            return self._idle.pop()
+        if len(self._all) >= self._limit:
+            raise RuntimeError("push lane exceeded max_in_flight")  # a bug, not an outage
+        client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
+            timeout=self._timeout,
+            verify=self._tls,
+            trust_env=False,
+        )
+        self._all.append(client)
+        return client
+
+    def give_back(self, client: httpx.AsyncClient) -> None:
+        self._idle.append(client)
 
 
 def _runs(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:
