@@ -15,16 +15,16 @@ from starlette.responses import Response
 
 from cproxy.broker import (
     BlockedKey,
-    Delivery,
     GroupStats,
     GroupSummary,
     GroupView,
     Outcome,
     PullResult,
+    PushStats,
+    delivery_json,
+    message_json,
 )
-from cproxy.model import AppendResult, DeadLetter, Message, MessageRef, QueueStats, TopicInfo
-
-_NULL = orjson.Fragment(b"null")
+from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, TopicInfo
 
 
 def json_response(payload: Any, status_code: int = 200) -> Response:
@@ -54,8 +54,7 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
     return {
         **topic(info),
         "queue_stats": [
-            {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset}
-            for s in stats
+            {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset} for s in stats
         ],
     }
 
@@ -67,24 +66,9 @@ def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
 
 
 # -- consuming -------------------------------------------------------------------------------
-def _message(m: Message) -> dict[str, Any]:
-    return {
-        "topic": m.topic,
-        "qid": m.qid,
-        "offset": m.offset,
-        "key": m.key,
-        "body": orjson.Fragment(m.body_json),
-        "headers": orjson.Fragment(m.headers_json) if m.headers_json else _NULL,
-    }
-
-
-def delivery(d: Delivery, runs: bool = False) -> dict[str, Any]:
-    out = _message(d.message)
-    out["attempt"] = d.attempt
-    out["produced_at_ms"] = d.message.produced_at_ms
-    if runs:
-        out["run"] = d.run
-    return out
+# The message shape lives with the broker so that push requests use it too.
+_message = message_json
+delivery = delivery_json
 
 
 def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
@@ -109,7 +93,35 @@ def group_list(groups: Iterable[GroupSummary]) -> dict[str, Any]:
 
 
 def group_config(name: str, config: dict[str, Any]) -> dict[str, Any]:
+    """A group's config as shown to clients: push secrets are never sent back."""
+    topics = config.get("topics")
+    if isinstance(topics, dict):
+        config = {**config, "topics": {t: _redacted(entry) for t, entry in topics.items()}}
     return {"name": name, **config}
+
+
+#: Shown instead of a push ``secret``.
+REDACTED = "********"
+
+
+def _redacted(entry: Any) -> Any:
+    push = entry.get("push") if isinstance(entry, dict) else None
+    if not isinstance(push, dict) or "secret" not in push:
+        return entry
+    return {**entry, "push": {**push, "secret": REDACTED}}
+
+
+def push_stats(rows: Iterable[PushStats]) -> dict[str, Any]:
+    """Per pushed topic: url, in_flight, paused_until_ms (ms since the epoch), last_error."""
+    return {
+        p.topic: {
+            "url": p.url,
+            "in_flight": p.in_flight,
+            "paused_until_ms": p.paused_until_ms,
+            "last_error": p.last_error,
+        }
+        for p in rows
+    }
 
 
 def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> dict[str, Any]:
@@ -144,7 +156,10 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
 def group_view(view: GroupView) -> dict[str, Any]:
     return {
         **group_config(view.name, view.config.to_dict()),
-        "stats": _stats(view.stats, view.dead_lettered, view.oldest_unfinished_age_ms),
+        "stats": {
+            **_stats(view.stats, view.dead_lettered, view.oldest_unfinished_age_ms),
+            "push": push_stats(view.push),
+        },
     }
 
 

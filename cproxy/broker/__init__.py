@@ -10,6 +10,8 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
 from .broker import Broker
+from .message_json import delivery_json, message_json
+from .push import PushStats
 from .runner import PullResult
 from .topics import SeekTarget
 from .views import GroupSummary, GroupView
@@ -24,6 +26,9 @@ __all__ = [
     "GroupView",
     "Outcome",
     "PullResult",
+    "PushStats",
     "Result",
     "SeekTarget",
+    "delivery_json",
+    "message_json",
 ]

@@ -282,7 +282,7 @@ class Broker:
         dead = runner.dead_letter_count + stats.pending_dead_letters
         oldest = await runner.oldest_unfinished_at_ms(stats)
         age = None if oldest is None else max(0, now_ms() - oldest)
-        return GroupView(name, runner.config, stats, dead, age)
+        return GroupView(name, runner.config, stats, dead, age, tuple(runner.push_stats()))
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""

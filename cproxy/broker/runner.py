@@ -31,6 +31,7 @@ from cproxy.store.base import Store
 
 from .clock import now_ms
 from .drive import fetch_round
+from .push import PushLane, PushStats
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,8 @@ class GroupRunner:
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
         self._stopping = False
+        #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
+        self._push_lanes = [PushLane(self, t, p) for t, p in engine.config.push.items()]
 
     @classmethod
     async def open(
@@ -106,17 +109,24 @@ class GroupRunner:
                     tg.start_soon(self._supervise, "fetcher", self._fetcher)
                     tg.start_soon(self._supervise, "timer", self._timer)
                     tg.start_soon(self._supervise, "committer", self._committer)
+                    for lane in self._push_lanes:
+                        tg.start_soon(self._supervise, f"push:{lane.topic}", lane.run)
             finally:
                 self._closed.set()
 
     async def _supervise(self, task: str, loop: Callable[[], Awaitable[None]]) -> None:
         """Keep a background loop alive: a bug in one group must not stop the server."""
-        while True:
+        while not self._stopping:
             try:
                 await loop()
             except Exception:
                 logger.exception("group=%s task=%s crashed; restarting in 1s", self.name, task)
                 await anyio.sleep(1)
+
+    @property
+    def stopping(self) -> bool:
+        """Pulls return at once: the group is being stopped."""
+        return self._stopping
 
     def stop_pulls(self) -> None:
         """Make waiting and future long polls return at once."""
@@ -258,6 +268,10 @@ class GroupRunner:
                 break
         return rows
 
+    def push_stats(self) -> list[PushStats]:
+        """The state of each topic's pusher (none when no topic entry has ``push``)."""
+        return [lane.stats() for lane in self._push_lanes]
+
     # -- consumer calls ------------------------------------------------------------------------
     def apply(self, results: Iterable[Result]) -> Outcome:
         outcome = self._engine.apply_results(results, now_ms())
@@ -290,6 +304,15 @@ class GroupRunner:
         if deliveries:
             self._timer_kick.set()
         return PullResult(deliveries, applied, unknown)
+
+    def release_uncharged(
+        self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int]
+    ) -> Outcome:
+        """Deliveries that never reached their consumer go back, no attempt charged."""
+        outcome = self._engine.release_uncharged(refs, attempts)
+        if outcome.applied:
+            self._notify_ready()
+        return outcome
 
     def extend(
         self,

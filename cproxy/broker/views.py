@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.snapshots import GroupStats
 
+from .push import PushStats
+
 
 @dataclass(frozen=True, slots=True)
 class GroupSummary:
@@ -24,3 +26,5 @@ class GroupView:
     dead_lettered: int
     #: Age of the oldest message not yet acked or dead-lettered (ms); None if none.
     oldest_unfinished_age_ms: int | None = None
+    #: One entry per topic whose messages are pushed (cproxy.broker.push).
+    push: tuple[PushStats, ...] = ()

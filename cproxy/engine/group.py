@@ -311,6 +311,39 @@ class GroupEngine(Operations):
                 member.attempt -= 1
         self._seq.send_back(chain, members)
 
+    def release_uncharged(
+        self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int] | None = None
+    ) -> Outcome:
+        """Take in-flight deliveries back without charging an attempt (they never arrived).
+
+        For a delivery that could not reach its consumer at all (the push endpoint refused
+        the connection): a head becomes ready again at once, ahead of fresh work, with its
+        attempt count as before the delivery; a run member goes back behind its head with
+        the rest of its run, uncharged too. Results for the released deliveries become
+        unknown. ``attempts`` fences as for results; refs not in flight are unknown.
+        """
+        applied = 0
+        unknown: list[MessageRef] = []
+        for ref in refs:
+            entry = self._in_flight.get(ref)
+            attempt = None if attempts is None else attempts.get(ref)
+            if entry is None or (attempt is not None and attempt != entry.attempt):
+                unknown.append(ref)
+                continue
+            applied += 1
+            chain = entry.chain
+            if chain is not None and entry is not chain.head:
+                members = list(chain.run)
+                self._send_back(chain, members[members.index(entry) :])
+                continue
+            if chain is not None and chain.run:
+                self._send_back(chain, list(chain.run))
+            del self._in_flight[ref]
+            entry.attempt -= 1
+            self._seq.retry_now(entry)
+        self._compact_heaps()
+        return Outcome(applied, unknown)
+
     def _dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
         self._pending.dead_letters.append(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from cproxy.engine.orderkey import OrderBy
+from cproxy.engine.push_config import PushConfig
 from cproxy.errors import ConfigError, InvalidOrderBy
 
 MAX_BACKOFF_MS: Final = 86_400_000
@@ -31,6 +32,8 @@ class GroupConfig:
     start: Start = "earliest"
     on_exhausted: OnExhausted = "dead_letter"
     max_buffered: int = 10_000
+    #: Topic -> push delivery settings, for topic entries that have ``push``.
+    push: Mapping[str, PushConfig] = field(default_factory=dict)
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -38,8 +41,13 @@ class GroupConfig:
         return backoff[min(attempt, len(backoff)) - 1]
 
     def to_dict(self) -> dict[str, Any]:
+        topics: dict[str, dict[str, Any]] = {
+            name: {"order_by": ob.spec} for name, ob in self.topics.items()
+        }
+        for name, push in self.push.items():
+            topics[name]["push"] = push.to_dict()
         return {
-            "topics": {name: {"order_by": ob.spec} for name, ob in self.topics.items()},
+            "topics": topics,
             "max_attempts": self.max_attempts,
             "retry_backoff_ms": list(self.retry_backoff_ms),
             "ack_timeout_ms": self.ack_timeout_ms,
@@ -58,10 +66,11 @@ class GroupConfig:
         if not isinstance(topics, Mapping) or not topics:
             raise ConfigError("'topics' must be a non-empty object of topic -> {order_by}")
         parsed: dict[str, OrderBy] = {}
+        push: dict[str, PushConfig] = {}
         for name, sub in topics.items():
             if not isinstance(sub, Mapping):
                 raise ConfigError(f"topics.{name} must be an object like {{'order_by': 'key'}}")
-            extra = set(sub) - {"order_by"}
+            extra = set(sub) - {"order_by", "push"}
             if extra:
                 raise ConfigError(f"topics.{name}: unknown setting(s) {', '.join(sorted(extra))}")
             spec = sub.get("order_by", "key")
@@ -71,6 +80,8 @@ class GroupConfig:
                 parsed[str(name)] = OrderBy.parse(spec)
             except InvalidOrderBy as exc:
                 raise InvalidOrderBy(f"topics.{name}.order_by: {exc.message}") from exc
+            if "push" in sub:
+                push[str(name)] = PushConfig.from_dict(f"topics.{name}", sub["push"])
         defaults = cls(topics={})
         backoff = data.get("retry_backoff_ms", list(defaults.retry_backoff_ms))
         if (
@@ -98,6 +109,7 @@ class GroupConfig:
             start=start,
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
+            push=push,
         )
 
 

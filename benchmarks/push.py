@@ -1,0 +1,223 @@
+"""Push delivery: push throughput against pull on the same workload, and key isolation
+when 1 % of keys stall on the receiver.
+
+``--messages`` messages over ``--keys`` keys (``order_by: key``, ``--queues`` queues) are
+produced once into a server (``cproxy serve``, SQLite, a subprocess); every run drains that
+backlog in its own fresh group:
+
+- *pull*: ``--pullers`` pullers (max_messages 100, acks on the next pull, harness.load);
+- *push*: the proxy POSTs to a receiver in this process (uvicorn on a loopback port,
+  ``tests.push_receiver``) that answers 200 at once; ``max_in_flight`` ``--in-flight``;
+- *push, 1 % stalled*: the receiver never answers messages of keys whose index is a
+  multiple of ``--stall-every`` (their requests stay open: push ``timeout_ms`` and the
+  group's ``ack_timeout_ms`` are 10 minutes), so each stalled key holds one slot.
+
+*msgs/s* = messages acked (first 2xx at the receiver, or first delivery for pull) / time
+until the last of them. *Healthy msgs/s* counts only the keys that do not stall in the
+stall run (the same set in both push runs). Runs alternate for ``--rounds`` rounds; the
+report gives medians and the median of per-round ratios stall / no-stall.
+
+    python -m benchmarks.push --quick          # < 1 minute
+    python -m benchmarks.push --json push.json # full (a few minutes)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+from benchmarks.harness.load import (
+    client,
+    consume,
+    create_topic,
+    delete_group,
+    make_batches,
+    produce,
+    put_group,
+    run_loop,
+)
+from benchmarks.harness.report import (
+    arg_parser,
+    finish,
+    machine_facts,
+    markdown_table,
+    median,
+    progress,
+)
+from benchmarks.harness.server import servers
+from tests.push_receiver import STALL, Receiver
+
+TOPIC = "push-bench"
+#: Nothing times out during a run: stalled requests stay open until the group is deleted.
+LONG_MS = 600_000
+
+
+class Counter:
+    """Counts first acks at the receiver (``decide`` runs on the receiver's thread)."""
+
+    def __init__(self, stall_every: int | None, every: int) -> None:
+        self.stall_every = stall_every
+        self.every = every
+        self.lock = threading.Lock()
+        self.acked = 0
+        self.healthy = 0
+        self.last_at = 0.0
+        self.last_healthy_at = 0.0
+
+    def decide(self, messages: list[dict[str, Any]], headers: dict[str, str]) -> int:
+        k = messages[0]["body"]["k"]
+        if self.stall_every is not None and k % self.stall_every == 0:
+            return STALL
+        with self.lock:
+            now = time.perf_counter()
+            first = [m for m in messages if m["attempt"] == 1]
+            self.acked += len(first)
+            self.last_at = now
+            healthy = sum(1 for m in first if m["body"]["k"] % self.every != 0)
+            if healthy:
+                self.healthy += healthy
+                self.last_healthy_at = now
+        return 200
+
+
+async def push_run(
+    url: str, group: str, messages: int, healthy_total: int, args: Any, stall: bool
+) -> dict[str, Any]:
+    counter = Counter(args.stall_every if stall else None, args.stall_every)
+    receiver = Receiver(counter.decide, record=False).start()
+    target = healthy_total if stall else messages
+    try:
+        async with client(url) as c:
+            push = {"url": receiver.url, "max_in_flight": args.in_flight, "timeout_ms": LONG_MS}
+            started = time.perf_counter()
+            await c.put_group(
+                group,
+                {
+                    "topics": {TOPIC: {"order_by": "key", "push": push}},
+                    "ack_timeout_ms": LONG_MS,
+                },
+            )
+            deadline = started + args.time_limit
+            while (counter.healthy if stall else counter.acked) < target:
+                if time.perf_counter() > deadline:
+                    break
+                await asyncio.sleep(0.02)
+            await delete_group(c, group)
+    finally:
+        receiver.unstall()
+        receiver.stop()
+    total_s = counter.last_at - started
+    healthy_s = counter.last_healthy_at - started
+    return {
+        "acked": counter.acked,
+        "healthy": counter.healthy,
+        "msgs_per_s": counter.acked / total_s if total_s > 0 else 0.0,
+        "healthy_per_s": counter.healthy / healthy_s if healthy_s > 0 else 0.0,
+        "finished": counter.healthy >= healthy_total,
+        "max_open": receiver.max_open,
+    }
+
+
+async def pull_run(url: str, group: str, messages: int, args: Any) -> dict[str, Any]:
+    async with client(url) as c:
+        await put_group(c, group, TOPIC, ack_timeout_ms=LONG_MS)
+        stats = await consume(url, group, messages, args.pullers, 100, time_limit_s=args.time_limit)
+        await delete_group(c, group)
+    seconds = stats.healthy_seconds
+    return {
+        "acked": stats.healthy_delivered,
+        "msgs_per_s": stats.healthy_delivered / seconds if seconds > 0 else 0.0,
+        "order_violations": stats.order_violations,
+    }
+
+
+async def main_async(url: str, args: Any) -> dict[str, Any]:
+    batches = make_batches(args.messages, 500, args.keys, 100)
+    async with client(url) as c:
+        await create_topic(c, TOPIC, args.queues)
+    await produce(url, TOPIC, batches, 2, max(1, args.keys // 500))
+    healthy_total = sum(1 for b in batches for m in b if m["body"]["k"] % args.stall_every != 0)
+    rounds: list[dict[str, Any]] = []
+    for r in range(args.rounds):
+        row: dict[str, Any] = {}
+        progress(f"round {r + 1}/{args.rounds}: pull")
+        row["pull"] = await pull_run(url, f"pull-{r}", args.messages, args)
+        progress(f"round {r + 1}/{args.rounds}: push")
+        row["push"] = await push_run(url, f"push-{r}", args.messages, healthy_total, args, False)
+        progress(f"round {r + 1}/{args.rounds}: push, 1% stalled")
+        row["push_stall"] = await push_run(
+            url, f"stall-{r}", args.messages, healthy_total, args, True
+        )
+        row["push_vs_pull"] = row["push"]["msgs_per_s"] / max(row["pull"]["msgs_per_s"], 1e-9)
+        row["stall_ratio"] = row["push_stall"]["healthy_per_s"] / max(
+            row["push"]["healthy_per_s"], 1e-9
+        )
+        rounds.append(row)
+        progress(
+            f"  pull {row['pull']['msgs_per_s']:.0f}/s, push {row['push']['msgs_per_s']:.0f}/s, "
+            f"healthy {row['push']['healthy_per_s']:.0f}/s -> "
+            f"{row['push_stall']['healthy_per_s']:.0f}/s with stalls "
+            f"(ratio {row['stall_ratio']:.3f})"
+        )
+    return {"rounds": rounds, "healthy_total": healthy_total}
+
+
+def report(out: dict[str, Any], args: Any) -> str:
+    rounds = out["rounds"]
+
+    def med(path: tuple[str, ...]) -> float:
+        values = []
+        for row in rounds:
+            v: Any = row
+            for p in path:
+                v = v[p]
+            values.append(float(v))
+        return median(values)
+
+    rows = [
+        ["pull", f"{med(('pull', 'msgs_per_s')):,.0f}", "", ""],
+        [
+            "push",
+            f"{med(('push', 'msgs_per_s')):,.0f}",
+            f"{med(('push', 'healthy_per_s')):,.0f}",
+            "",
+        ],
+        [
+            "push, 1 % of keys stalled",
+            "",
+            f"{med(('push_stall', 'healthy_per_s')):,.0f}",
+            f"{med(('stall_ratio',)):.3f}",
+        ],
+    ]
+    table = markdown_table(["run", "msgs/s", "healthy msgs/s", "stall / no-stall"], rows)
+    return (
+        f"{args.messages:,} messages, {args.keys} keys, {args.queues} queues; pull: "
+        f"{args.pullers} pullers x 100; push: max_in_flight {args.in_flight}; "
+        f"{args.rounds} round(s), medians\n\n{table}\n\npush / pull: "
+        f"{med(('push_vs_pull',)):.2f} (median of per-round ratios)"
+    )
+
+
+def main() -> None:
+    parser = arg_parser(__doc__, "4,000 messages, 1 round")
+    parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--keys", type=int, default=1000)
+    parser.add_argument("--queues", type=int, default=8)
+    parser.add_argument("--pullers", type=int, default=4)
+    parser.add_argument("--in-flight", type=int, default=64)
+    parser.add_argument("--stall-every", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--time-limit", type=float, default=300.0)
+    args = parser.parse_args()
+    if args.quick:
+        args.messages, args.rounds = 4000, 1
+    out: dict[str, Any] = {"machine": machine_facts(), "args": vars(args) | {"json": None}}
+    with servers("cproxy-push-bench-") as (server, *_):
+        out.update(run_loop(lambda: main_async(server.url, args)))
+    finish(out, args, "push", report(out, args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""The JSON shape of a delivered message, shared by pull responses and push requests.
+
+``cproxy.api.wire`` sends it in pull responses; ``cproxy.broker.push`` POSTs it to push
+endpoints, so both deliveries look the same to a consumer (docs/api.md). Stored bodies and
+headers are already valid JSON and are embedded verbatim with ``orjson.Fragment``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from cproxy.engine.snapshots import Delivery
+from cproxy.model import Message
+
+_NULL = orjson.Fragment(b"null")
+
+
+def message_json(m: Message) -> dict[str, Any]:
+    """A stored message: topic, qid, offset, key, body and headers (null when absent)."""
+    return {
+        "topic": m.topic,
+        "qid": m.qid,
+        "offset": m.offset,
+        "key": m.key,
+        "body": orjson.Fragment(m.body_json),
+        "headers": orjson.Fragment(m.headers_json) if m.headers_json else _NULL,
+    }
+
+
+def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
+    """A delivered message plus ``attempt`` and ``produced_at_ms``; with ``runs`` also
+    ``run`` (the position of its same-key run's first message in the same answer)."""
+    out = message_json(d.message)
+    out["attempt"] = d.attempt
+    out["produced_at_ms"] = d.message.produced_at_ms
+    if runs:
+        out["run"] = d.run
+    return out
