@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import orjson
@@ -104,7 +104,9 @@ class OrderBy:
     """A parsed ``order_by`` setting; ``extract`` gives a message's order value."""
 
     spec: str
-    extract: Extractor
+    #: Two settings are equal when their specs are: a re-PUT of the same group config must
+    #: not restart the group (that would make every in-flight delivery unknown).
+    extract: Extractor = field(compare=False)
 
     @classmethod
     def parse(cls, spec: str) -> OrderBy:

@@ -210,3 +210,17 @@ def test_json_log_lines() -> None:
     record = logging.LogRecord("cproxy.x", logging.INFO, __file__, 1, "group=%s ok", ("g",), None)
     line = orjson.loads(JsonFormatter().format(record))
     assert line["msg"] == "group=g ok" and line["level"] == "info" and line["logger"] == "cproxy.x"
+
+
+async def test_putting_the_same_config_again_keeps_the_group_running() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        _, created = await broker.put_group("g", config())
+        assert created
+        await broker.produce("t", items("a"))
+        got = (await broker.pull("g", 10, 1000, None, [])).deliveries
+        _, created = await broker.put_group("g", config())  # e.g. an SDK consumer starting
+        assert not created
+        # Not restarted: the delivery handed out before is still the one in flight.
+        assert broker.ack("g", ack_all(got)).applied == 1
