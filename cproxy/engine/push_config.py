@@ -79,6 +79,11 @@ class PushConfig:
         secret = data.get("secret")
         if secret is not None and (not isinstance(secret, str) or not secret):
             raise ConfigError(f"{where}.push.secret must be a non-empty string")
+        if secret is not None and set(secret) == {"*"}:
+            # GET shows the secret as asterisks: a GET-then-PUT must not store those.
+            raise ConfigError(
+                f"{where}.push.secret is the placeholder a GET shows; send the real secret"
+            )
         return cls(
             url=url,
             max_in_flight=_int(data, where, "max_in_flight", 64, 1, MAX_PUSH_IN_FLIGHT),

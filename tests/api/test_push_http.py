@@ -39,6 +39,10 @@ def test_push_group_over_http(server: RunningServer) -> None:
             wait_until(lambda: stats()["stats"]["lag_excluding_parked"] == 0, message="drained")
             view = stats()
             assert view["topics"]["t"]["push"]["secret"] != "hush"
+            # Sending back what GET shows would store the placeholder as the secret: refused.
+            again = {k: v for k, v in view.items() if k not in ("name", "stats")}
+            back = client.put("/v1/groups/g", json=again)
+            assert back.status_code == 422 and "placeholder" in back.text, back.text
             assert view["stats"]["push"] == {
                 "t": {
                     "url": receiver.url,
