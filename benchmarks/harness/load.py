@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from consumer_sdk import AsyncClient, NotFound, QueueResult
+from consumer_sdk import AsyncClient, QueueResult, ResourceNotFound
 
 T = TypeVar("T")
 Action = Literal["ack", "ack_other", "fail", "hold"]
@@ -54,7 +54,7 @@ async def put_group(
 
 
 async def delete_group(c: AsyncClient, group: str) -> None:
-    with contextlib.suppress(NotFound):
+    with contextlib.suppress(ResourceNotFound):
         await c.delete_group(group)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.harness.report import REPO, git_commit
-from consumer_sdk import NO_RETRY, Client, CproxyError
+from consumer_sdk import NO_RETRY, Client, ClientError
 
 
 def free_port() -> int:
@@ -101,7 +101,7 @@ class ServerProcess:
                 try:
                     client.list_topics()
                     return
-                except CproxyError:
+                except ClientError:
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"server not ready after {timeout_s}s:\n{self.log()}")
