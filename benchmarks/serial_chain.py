@@ -47,7 +47,15 @@ from benchmarks.harness.report import (
     table,
 )
 from benchmarks.harness.server import ServerProcess, servers
-from consumer_sdk import AsyncConsumer, Client, Consumer, Message, Producer
+from consumer_sdk import (
+    AsyncClient,
+    AsyncConsumer,
+    Client,
+    Consumer,
+    Message,
+    Producer,
+    QueueResult,
+)
 
 SCENARIOS = {"chain": ("qid", 1, 8), "keys": ("key", 8, 16)}  # order_by, queues, concurrency
 MAX_SLEEP_MS = 5.0
@@ -172,6 +180,30 @@ async def run_async(url: str, group: str, tally: Tally, concurrency: int, c: Con
     return tally.done_at - started
 
 
+async def wake_latency(url: str, topic: str, hops: int) -> dict[str, float]:
+    """The server's part of a hop: with a pull parked in a long poll on ``topic``'s chain, ack
+    its head through a second connection; medians (ms) of the ack's round trip and of ack sent
+    -> the parked pull answered with the next message. The difference is what the release
+    costs beyond the ack itself: a long poll woken at once shows well under one round trip."""
+    group = f"{topic}-wake"
+    ack_ms: list[float] = []
+    wake_ms: list[float] = []
+    async with AsyncClient(url) as puller, AsyncClient(url) as acker:
+        await puller.put_group(group, {"topics": {topic: {"order_by": "qid"}}})
+        pulled = await puller.pull(group, max_messages=1, wait_ms=1000)
+        for _ in range(hops):
+            (m,) = pulled.messages
+            parked = asyncio.create_task(puller.pull(group, max_messages=1, wait_ms=5000))
+            await asyncio.sleep(0.005)  # let the pull reach the server and park
+            t = time.perf_counter()
+            await acker.ack(group, [QueueResult(m.topic, m.qid, acks=(m.offset,))])
+            ack_ms.append((time.perf_counter() - t) * 1000)
+            pulled = await parked
+            wake_ms.append((time.perf_counter() - t) * 1000)
+        await puller.delete_group(group)
+    return {"ack_rtt_ms": median(ack_ms), "ack_to_next_delivery_ms": median(wake_ms)}
+
+
 def run_one(url: str, group: str, tally: Tally, concurrency: int, c: Contender) -> float:
     if c.kind == "Consumer":
         return run_sync(url, group, tally, concurrency, c)
@@ -241,12 +273,16 @@ def main() -> None:
     kinds, mpks = args.kinds.split(","), [int(m) for m in args.max_per_key.split(",")]
     facts = machine_facts()
     runs: dict[tuple[str, Contender], list[dict[str, Any]]] = defaultdict(list)
+    wake: dict[str, float] = {}
     with servers("cproxy-chain-", None) as (server,):
         for scenario in [args.only] if args.only else list(SCENARIOS):
             _, queues, concurrency = SCENARIOS[scenario]
             ideal_s = nominal_s / (concurrency if scenario == "keys" else 1)
             topic = f"{scenario}-{os.getpid()}"
             produce(server.url, topic, queues, sleeps)
+            if scenario == "chain":
+                wake = asyncio.run(wake_latency(server.url, topic, min(n - 1, 300)))
+                progress(f"wake-up: {wake}")
             contenders = contenders_for(scenario, kinds, mpks, extra)
             for rnd in range(rounds):
                 shift = rnd % len(contenders)
@@ -318,7 +354,20 @@ def main() -> None:
         "or per message of one handler slot for keys. Measured handler time: the sleeps as "
         "timed in the handlers (sleeps overshoot, more so under load)."
     )
-    out = {"machine": facts, "messages": n, "rounds": rounds, "seed": args.seed, "rows": rows}
+    if wake:
+        text += (
+            f"\n\nServer wake-up, measured on the chain: an ack's round trip takes "
+            f"{wake['ack_rtt_ms']:.2f} ms; from sending it to the parked long poll answering "
+            f"with the chain's next message, {wake['ack_to_next_delivery_ms']:.2f} ms (medians)."
+        )
+    out = {
+        "wake": wake,
+        "machine": facts,
+        "messages": n,
+        "rounds": rounds,
+        "seed": args.seed,
+        "rows": rows,
+    }
     out["runs"] = {f"{s} | {c.name}": v for (s, c), v in runs.items()}
     finish(out, args, "serial_chain", f"{header}\n\n{text}")
 

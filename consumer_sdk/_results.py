@@ -2,10 +2,11 @@
 
 Results normally ride on the next pull. While a pull waits in a long poll nothing else would
 carry them, and the server releases the next message of a key only after its ack, so the
-flusher sends them at once (unless they are acks inside a same-key run whose later messages
-are still here: those release nothing yet). Otherwise (no pull out, or one the server answers
-at once because it has a backlog) it gives the next pull ``ack_linger_ms`` to take them
-before sending a standalone ack: under load, results ride on pulls, not a request each.
+flusher sends them at once. Otherwise (no pull out, or one the server answers at once because
+it has a backlog) it gives the next pull ``ack_linger_ms`` to take them before sending a
+standalone ack: under load, results ride on pulls, not a request each. Acks inside a same-key
+run whose later messages are still here release nothing yet: they wait for the run's last
+one (one request per run, not one per message).
 """
 
 from __future__ import annotations
@@ -49,8 +50,16 @@ async def flusher(core: ConsumerCore, index: int) -> None:
         if since is None:
             await core.wait_change()
             continue
-        urgent = core.pull_parked(index) and ledger.urgent(index)
-        left = 0.0 if urgent else since + linger_s - time.monotonic()
+        if not ledger.urgent(index):
+            # Only acks inside same-key runs: they release nothing until the run's last one,
+            # so they wait for it, at most as long as an unfinished message waits before its
+            # lease is extended (so holding an ack never lets a message time out).
+            wait_s = max(linger_s, core.extend_after_ms / 1000)
+        elif core.pull_parked(index):
+            wait_s = 0.0
+        else:
+            wait_s = linger_s  # the next pull may take them
+        left = since + wait_s - time.monotonic()
         if left > 0:
             await core.wait_change(left)
             continue
