@@ -13,7 +13,7 @@ order, ``max_per_key`` 1 and 32 back to back; reported are medians and the ratio
 The pullers check per-key order on every delivery.
 
     python -m benchmarks.runs --quick                 # 5,000 messages, 3 rounds
-    python -m benchmarks.runs                         # 20,000 messages, 5 rounds
+    python -m benchmarks.runs                         # 10,000 messages, 5 rounds
 """
 
 from __future__ import annotations
@@ -105,11 +105,11 @@ def describe(r: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = arg_parser(__doc__, "5,000 messages, 3 rounds")
-    parser.add_argument("--messages", type=int, help="default 20,000 (5,000 with --quick)")
+    parser.add_argument("--messages", type=int, help="default 10,000 (5,000 with --quick)")
     parser.add_argument("--rounds", type=int, help="default 5 (3 with --quick)")
     parser.add_argument("--pullers", type=int, default=4)
     args = parser.parse_args()
-    n = args.messages or (5_000 if args.quick else 20_000)
+    n = args.messages or (5_000 if args.quick else 10_000)
     repeat = args.rounds or (3 if args.quick else 5)
     items = [Item(scenario, mpk, n, args.pullers) for scenario in SCENARIOS for mpk in RUN_LENGTHS]
     facts = machine_facts()
