@@ -153,7 +153,7 @@ def main() -> None:
             ("msgs per pull (1 / 32)", lambda r: f"{r['per_pull_1']:.1f} / {r['per_pull_32']:.1f}"),
             ("server µs per msg (1 / 32)", lambda r: f"{r['cpu_1']:.0f} / {r['cpu_32']:.0f}"),
             ("order violations", lambda r: r["violations"]),
-            ("runs per side", lambda r: r["runs"]),
+            ("rounds", lambda r: r["runs"]),
         ],
         rows,
     )

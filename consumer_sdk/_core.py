@@ -78,6 +78,10 @@ class ConsumerCore:
         self._backlog = [False] * len(self.servers)
         self._stopping = False
         self._changed = asyncio.Event()
+        # serve() and the lease keeper wait only for these, not for every change (a settled
+        # message wakes just the puller and the flusher).
+        self._stop_requested = asyncio.Event()
+        self._closed = asyncio.Event()
         self._notify_lock = threading.Lock()
         self._notify_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -120,6 +124,14 @@ class ConsumerCore:
         try:
             async with asyncio.timeout(timeout_s):
                 await event.wait()
+        except TimeoutError:
+            pass
+
+    async def wait_closed(self, timeout_s: float) -> None:
+        """Wait until the core closes (background tasks end), or ``timeout_s`` passes."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._closed.wait()
         except TimeoutError:
             pass
 
@@ -179,6 +191,7 @@ class ConsumerCore:
         """Stop pulling; in-flight pulls finish and their messages are still handled."""
         if not self._stopping:
             self._stopping = True
+            self._stop_requested.set()
             self._wake()
 
     def fail(self, exc: BaseException) -> None:
@@ -226,8 +239,7 @@ class ConsumerCore:
     async def serve(self) -> None:
         """Run until :meth:`request_stop`, then drain; raises the fatal error if one stopped it."""
         try:
-            while not self._stopping:
-                await self.wait_change()
+            await self._stop_requested.wait()
         finally:
             await self._shutdown()
         if self.fatal is not None:
@@ -256,6 +268,7 @@ class ConsumerCore:
             )
         await self._dispatcher.close(None if drained else 0)
         self.closing = True
+        self._closed.set()
         self._wake()
         await asyncio.gather(*self._background, return_exceptions=True)
         deadline = time.monotonic() + cfg.flush_timeout_ms / 1000
