@@ -22,11 +22,11 @@ from consumer_sdk._tls import Verify
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError, ResourceNotFound
-from consumer_sdk.models import AckResult
 
 from ._lease import keep_leases, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
-from ._runs import Runs
+from ._results import flush, flusher, note_answer
+from ._runs import Runs, run_count
 from ._util import group_body, prepare_group
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -76,8 +76,15 @@ class ConsumerCore:
         self._pullers: list[asyncio.Task[None]] = []
         self._background: list[asyncio.Task[None]] = []
         self._in_pull = [False] * len(self.servers)
+        #: per server: the last pull came back full of several runs (keys): the server
+        #: likely has more ready, so the next pull is answered at once
+        self._backlog = [False] * len(self.servers)
         self._stopping = False
         self._changed = asyncio.Event()
+        # serve() and the lease keeper wait only for these, not for every change (a settled
+        # message wakes just the puller and the flusher).
+        self._stop_requested = asyncio.Event()
+        self._closed = asyncio.Event()
         self._notify_lock = threading.Lock()
         self._notify_scheduled = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -123,6 +130,14 @@ class ConsumerCore:
         except TimeoutError:
             pass
 
+    async def wait_closed(self, timeout_s: float) -> None:
+        """Wait until the core closes (background tasks end), or ``timeout_s`` passes."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._closed.wait()
+        except TimeoutError:
+            pass
+
     async def pause(self, seconds: float, until: Callable[[], bool]) -> None:
         """Sleep ``seconds``, waking early once ``until()`` holds."""
         deadline = time.monotonic() + seconds
@@ -148,7 +163,9 @@ class ConsumerCore:
         Within a same-key run the next message is dispatched only after this one acked; a
         fail ends the run here (the server sends the rest back behind the failed message).
         """
-        if not self.ledger.settle(delivery, error):
+        # Acking a run's message while later ones wait here releases nothing on the server.
+        urgent = error is not None or not self._runs.has_rest(delivery)
+        if not self.ledger.settle(delivery, error, urgent):
             return False
         nxt, taken_back = self._runs.settled(delivery, error is None)
         if nxt is not None:
@@ -167,10 +184,17 @@ class ConsumerCore:
     def stats(self) -> ConsumerStats:
         return self.ledger.stats()
 
+    def pull_parked(self, index: int) -> bool:
+        """True while a pull to server ``index`` is out that likely waits in a long poll
+        (the previous one was not a full answer of several runs): no pull will carry
+        results soon."""
+        return self._in_pull[index] and not self._backlog[index]
+
     def request_stop(self) -> None:
         """Stop pulling; in-flight pulls finish and their messages are still handled."""
         if not self._stopping:
             self._stopping = True
+            self._stop_requested.set()
             self._wake()
 
     def fail(self, exc: BaseException) -> None:
@@ -206,7 +230,7 @@ class ConsumerCore:
             raise
         for i in range(len(self.servers)):
             self._pullers.append(self._spawn(self._puller(i), f"pull-{i}"))
-            self._background.append(self._spawn(self._flusher(i), f"flush-{i}"))
+            self._background.append(self._spawn(flusher(self, i), f"flush-{i}"))
         self._background.append(self._spawn(keep_leases(self), "extend"))
         log.info(
             "consumer of group %r started on %s (concurrency %d, extend after %d ms)",
@@ -219,8 +243,7 @@ class ConsumerCore:
     async def serve(self) -> None:
         """Run until :meth:`request_stop`, then drain; raises the fatal error if one stopped it."""
         try:
-            while not self._stopping:
-                await self.wait_change()
+            await self._stop_requested.wait()
         finally:
             await self._shutdown()
         if self.fatal is not None:
@@ -249,10 +272,11 @@ class ConsumerCore:
             )
         await self._dispatcher.close(None if drained else 0)
         self.closing = True
+        self._closed.set()
         self._wake()
         await asyncio.gather(*self._background, return_exceptions=True)
         deadline = time.monotonic() + cfg.flush_timeout_ms / 1000
-        await asyncio.gather(*(self._flush(i, deadline) for i in range(len(self.servers))))
+        await asyncio.gather(*(flush(self, i, deadline) for i in range(len(self.servers))))
         await self._close_clients()
         log.info("consumer of group %r stopped: %s", self.group, self.stats())
 
@@ -270,17 +294,6 @@ class ConsumerCore:
         return asyncio.get_running_loop().create_task(guarded(), name=f"cproxy-{name}")
 
     # -- the loops ---------------------------------------------------------------------------
-    def _note(self, client: AsyncClient, answer: AckResult) -> None:
-        if answer.unknown:
-            self.ledger.count("unknown_results", len(answer.unknown))
-            log.info(
-                "%s did not know %d result(s), e.g. %s: those messages timed out and were "
-                "redelivered, or had already finished",
-                client.url,
-                len(answer.unknown),
-                answer.unknown[0],
-            )
-
     async def _puller(self, index: int) -> None:
         cfg, ledger, client = self.config, self.ledger, self.clients[index]
         limit = cfg.outstanding_limit
@@ -298,16 +311,20 @@ class ConsumerCore:
                 await self.wait_change()
             # Give running handlers up to ack_linger_ms to finish, so their results ride on
             # this pull: the server releases the next message of a key only after its ack.
-            await self.pause(linger_s, lambda: self._stopping or not ledger.outstanding)
+            # Not after a full answer: the server has more ready, and waiting would starve the
+            # handlers (results that come while the pull is out go with the flusher at once).
+            if not self._backlog[index]:
+                await self.pause(linger_s, lambda: self._stopping or not ledger.outstanding)
             if self._stopping:
                 break
             results = ledger.take_results(index)
+            asked = min(cfg.max_messages, limit - ledger.outstanding)
             started = time.monotonic()
             self._in_pull[index] = True
             try:
                 answer = await client.pull(
                     self.group,
-                    max_messages=min(cfg.max_messages, limit - ledger.outstanding),
+                    max_messages=asked,
                     wait_ms=cfg.wait_ms,
                     topics=self.topics,
                     results=results,
@@ -331,7 +348,9 @@ class ConsumerCore:
                 self._in_pull[index] = False
             errors = 0
             ledger.count("pulls")
-            self._note(client, answer.results)
+            note_answer(self, client, answer.results)
+            # One run filling the answer says nothing of other keys: assume no backlog.
+            self._backlog[index] = len(answer.messages) >= asked and run_count(answer.messages) > 1
             if answer.messages:
                 idle_ms = 0.0
                 self._dispatch(ledger.add(index, answer.messages))
@@ -358,60 +377,3 @@ class ConsumerCore:
             return False
         log.warning("group %r was missing on %s: created it", self.group, client.url)
         return True
-
-    async def _flusher(self, index: int) -> None:
-        cfg, ledger, client = self.config, self.ledger, self.clients[index]
-        linger_s = cfg.ack_linger_ms / 1000
-        errors = 0
-        while not self.closing:
-            since = ledger.pending_since(index)
-            if since is None:
-                await self.wait_change()
-                continue
-            # While a pull is out (a long poll, typically) nothing else will carry the results:
-            # send them now. Otherwise let the next pull take them if it comes within linger.
-            left = 0.0 if self._in_pull[index] else since + linger_s - time.monotonic()
-            if left > 0:
-                await self.wait_change(left)
-                continue
-            results = ledger.take_results(index)
-            if not results:
-                continue
-            try:
-                answer = await client.ack(self.group, results, retry=NO_RETRY)
-            except ClientError as exc:
-                ledger.restore_results(index, results)
-                if not exc.retryable:
-                    self.fail(exc)
-                    return
-                errors += 1
-                delay_ms = cfg.retry.backoff_ms(errors)
-                log.warning("ack to %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
-                await self.pause(delay_ms / 1000, lambda: self.closing)
-                continue
-            errors = 0
-            self._note(client, answer)
-
-    async def _flush(self, index: int, deadline: float) -> None:
-        """Send every pending result of one server before closing, retrying until deadline."""
-        client, ledger = self.clients[index], self.ledger
-        errors = 0
-        while results := ledger.take_results(index):
-            try:
-                self._note(client, await client.ack(self.group, results, retry=NO_RETRY))
-                continue
-            except ClientError as exc:
-                ledger.restore_results(index, results)
-                errors += 1
-                delay_s = self.config.retry.backoff_ms(errors) / 1000
-                if not exc.retryable or time.monotonic() + delay_s > deadline:
-                    log.error(
-                        "could not send %d result(s) to %s before stopping (%s): those messages "
-                        "will be redelivered after their ack timeout",
-                        sum(len(r.acks) + len(r.fails) for r in results),
-                        client.url,
-                        exc,
-                    )
-                    return
-                log.warning("final ack to %s failed (%s); retrying", client.url, exc)
-            await asyncio.sleep(delay_s)

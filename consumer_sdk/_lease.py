@@ -45,7 +45,7 @@ async def keep_leases(core: ConsumerCore) -> None:
     after_s = core.extend_after_ms / 1000
     tick_s = min(max(after_s / 4, 0.005), 1.0)
     while not core.closing:
-        await core.pause(tick_s, lambda: core.closing)
+        await core.wait_closed(tick_s)
         due = core.ledger.due_for_extension(time.monotonic(), after_s)
         if due:
             await asyncio.gather(*(_extend(core, i, ds) for i, ds in due.items()))

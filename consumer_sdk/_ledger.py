@@ -65,6 +65,8 @@ class Ledger:
         self._pending_count = [0] * servers
         #: monotonic time the oldest pending result of each server was recorded
         self._pending_since: list[float | None] = [None] * servers
+        #: some pending result of each server may let the server release a chain's next message
+        self._urgent = [False] * servers
         self._counts: dict[str, int] = {f.name: 0 for f in fields(ConsumerStats)}
 
     @property
@@ -79,8 +81,12 @@ class Ledger:
             self._counts["received"] += len(deliveries)
         return deliveries
 
-    def settle(self, delivery: Delivery, error: str | None) -> bool:
-        """Record an ack (``error is None``) or a fail; False if it was already settled."""
+    def settle(self, delivery: Delivery, error: str | None, urgent: bool = True) -> bool:
+        """Record an ack (``error is None``) or a fail; False if it was already settled.
+
+        ``urgent``: the result may let the server release the next message of its chain (not
+        so for an ack inside a same-key run whose later messages are still here).
+        """
         with self._lock:
             if delivery.settled:
                 return False
@@ -99,6 +105,7 @@ class Ledger:
                 outcomes.fails.append((msg.offset, error[:_MAX_ERROR_CHARS]))
                 self._counts["failed"] += 1
             self._pending_count[server] += 1
+            self._urgent[server] = self._urgent[server] or urgent
             if self._pending_since[server] is None:
                 self._pending_since[server] = time.monotonic()
             return True
@@ -124,6 +131,7 @@ class Ledger:
             self._pending[server] = {}
             self._pending_count[server] = 0
             self._pending_since[server] = None
+            self._urgent[server] = False
         return [
             QueueResult(topic, qid, tuple(o.acks), tuple(o.fails), tuple(o.attempts.items()))
             for (topic, qid), o in pending.items()
@@ -141,11 +149,17 @@ class Ledger:
                 outcomes.fails.extend(r.fails)
                 outcomes.attempts.update(r.attempts)
                 self._pending_count[server] += len(r.acks) + len(r.fails)
-            if pending and self._pending_since[server] is None:
-                self._pending_since[server] = time.monotonic()
+            if pending:
+                self._urgent[server] = True  # not known any more: assume so
+                if self._pending_since[server] is None:
+                    self._pending_since[server] = time.monotonic()
 
     def pending_since(self, server: int) -> float | None:
         return self._pending_since[server]
+
+    def urgent(self, server: int) -> bool:
+        """Whether a pending result of ``server`` may release a chain (see :meth:`settle`)."""
+        return self._urgent[server]
 
     def has_pending(self) -> bool:
         return any(self._pending_count)

@@ -10,8 +10,16 @@ on worker threads.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
+
+from consumer_sdk.models import Message
 
 from ._ledger import Delivery
+
+
+def run_count(messages: Sequence[Message]) -> int:
+    """How many runs (order values) a pull answer holds; a message without ``run`` is one."""
+    return sum(1 for i, m in enumerate(messages) if m.run is None or m.run == i)
 
 
 class Runs:
@@ -31,6 +39,11 @@ class Runs:
                 if len(members) > 1:
                     self._rest[members[0]] = members[1:]
         return [members[0] for members in runs.values()]
+
+    def has_rest(self, delivery: Delivery) -> bool:
+        """True if later messages of ``delivery``'s run wait here for it to finish."""
+        with self._lock:
+            return delivery in self._rest
 
     def settled(self, delivery: Delivery, acked: bool) -> tuple[Delivery | None, list[Delivery]]:
         """``delivery`` finished: ``(next to dispatch, deliveries the server took back)``."""

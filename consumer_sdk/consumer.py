@@ -50,6 +50,10 @@ class Consumer(ConsumerBase):
       finished, across servers (soft: each server may overshoot by one pull).
     - ``ack_linger_ms`` (10): results not carried by a pull within this time are sent with a
       standalone ack, so a long poll never holds back an ack (and the next message of its key).
+      A pull waits up to this long for running handlers, so their results ride on it, unless
+      the previous pull came back full (the server has more ready: keep the workers fed).
+      Acks inside a same-key run wait for the run's last one instead (at most
+      ``extend_after_ms``): until then they release nothing on the server.
     - ``extend_after_ms`` / ``extend_lease_ms`` (a third of / the group's ``ack_timeout_ms``):
       a message unfinished this long after delivery, or after its last extension, gets its ack
       deadline moved to now + ``extend_lease_ms``, so a slow handler is not redelivered.

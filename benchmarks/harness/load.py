@@ -265,12 +265,17 @@ async def _puller(
     wait_ms: int,
     record_latency: bool,
     stop: asyncio.Event,
+    max_per_key: int = 1,
 ) -> None:
     results: list[QueueResult] = []
     async with client(url) as c:
         while not stop.is_set():
             pulled = await c.pull(
-                group, max_messages=max_messages, wait_ms=wait_ms, results=results
+                group,
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+                results=results,
+                max_per_key=max_per_key,
             )
             now, now_ns = time.perf_counter(), time.time_ns()
             stats.pulls += 1
@@ -324,6 +329,7 @@ async def consume(
     time_limit_s: float | None = None,
     record_latency: bool = False,
     started: Awaitable[None] | None = None,
+    max_per_key: int = 1,
 ) -> ConsumerStats:
     """Pull until ``healthy_total`` healthy messages were delivered once (or the time limit),
     then stop the pullers and flush their last acks.
@@ -331,13 +337,16 @@ async def consume(
     ``policy(key index)`` decides per delivery: ``ack`` (healthy, counted), ``ack_other``
     (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
     flight). No policy acks everything. ``started``, if given, is awaited before the clock
-    starts (e.g. until long polls are parked).
+    starts (e.g. until long polls are parked). ``max_per_key`` > 1 lets pulls carry
+    same-key runs; the pullers ack whole answers, so a run is handled in order.
     """
     stats = ConsumerStats(healthy_total)
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(
-            _puller(url, group, stats, policy, max_messages, wait_ms, record_latency, stop)
+            _puller(
+                url, group, stats, policy, max_messages, wait_ms, record_latency, stop, max_per_key
+            )
         )
         for _ in range(pullers)
     ]

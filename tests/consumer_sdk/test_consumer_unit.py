@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -291,6 +292,36 @@ def test_batch_runs_in_parallel_up_to_concurrency() -> None:
     with consumer(fake, lambda m: barrier.wait(), concurrency=4):
         wait_for(lambda: done(fake))
     assert not barrier.broken
+
+
+def test_after_a_full_answer_the_next_pull_does_not_wait_for_running_handlers() -> None:
+    # The server had more ready than a pull asked for (a full answer of several keys): the
+    # next pull goes out as soon as half a batch fits, while handlers still run, instead of
+    # lingering for their results (which would leave workers idle between batches).
+    fake = make_fake()
+    for n in range(24):
+        fake.produce("rides", {"n": n}, key=f"k{n}")
+    unfinished_at_pull: list[int] = []
+    serve = fake.handle
+
+    async def recording(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/pull"):
+            body = json.loads(request.content)
+            carried = sum(
+                len(r.get("acks", [])) + len(r.get("fails", [])) for r in body.get("results", [])
+            )
+            unfinished_at_pull.append(fake.in_flight() - carried)
+        return await serve(request)
+
+    fake.handle = recording  # type: ignore[method-assign]
+    work = threading.Event()
+
+    def handle(msg: Message) -> None:
+        work.wait(0.02)  # simulated work, well within the linger below
+
+    with consumer(fake, handle, concurrency=2, max_messages=4, ack_linger_ms=200):
+        wait_for(lambda: done(fake))
+    assert max(unfinished_at_pull) > 0, unfinished_at_pull
 
 
 def test_stop_from_inside_a_handler_does_not_deadlock() -> None:

@@ -12,6 +12,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from consumer_sdk import AsyncConsumer, AsyncProducer, Client, Consumer, Message, Producer
 from tests.conftest import ServerFactory
 from tests.support import RunningServer, wait_until
@@ -110,6 +112,54 @@ def test_same_key_runs_are_handled_in_order_by_both_consumers(server: RunningSer
     # Runs cut the round trips: far fewer pulls than the 300 one-message hops of qid order.
     assert consumer.stats().pulls < 150
     wait_until(lambda: fully_acked(server.url, "serial"), message="acked")
+
+
+class CountingTransport(httpx.AsyncHTTPTransport):
+    """A real transport that counts requests by their last path segment (pull, ack, ...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.calls[request.url.path.rsplit("/", 1)[-1]] += 1
+        return await super().handle_async_request(request)
+
+
+def test_acks_inside_a_run_wait_for_its_last_message(server: RunningServer) -> None:
+    # One chain (order_by qid, one queue) consumed in runs, with handlers slower than
+    # ack_linger_ms: acking a run's message while the rest of the run waits here releases
+    # nothing, so those acks ride along with the run's last one (at most one ack request per
+    # run) instead of costing a request each.
+    with Producer(server.url) as producer:
+        producer.create_topic("chain", 1)
+        producer.send_batch("chain", [{"body": {"n": n}} for n in range(64)])
+    seen: list[int] = []
+    pause = threading.Event()
+
+    def handle(msg: Message) -> None:
+        pause.wait(0.015)  # simulated work, longer than the 10 ms linger
+        seen.append(msg.body["n"])
+
+    transport = CountingTransport()
+    consumer = Consumer(
+        server.url,
+        group="chain-g",
+        handler=handle,
+        max_per_key=32,
+        wait_ms=1000,
+        ensure_group={"topics": {"chain": {"order_by": "qid"}}},
+        transport=transport,
+    )
+    with consumer:
+        wait_until(lambda: len(seen) == 64, 30, message="all handled")
+    assert seen == list(range(64))
+    answered = consumer.stats().received
+    assert answered == 64
+    # Each run came in one pull; the last ack of the final run may go in the stop's flush.
+    assert transport.calls["ack"] <= transport.calls["pull"] + 1, transport.calls
+    assert transport.calls["pull"] < 32, transport.calls
+    wait_until(lambda: fully_acked(server.url, "chain-g"), message="acked")
 
 
 async def test_async_consumer_handles_runs_in_order(server: RunningServer) -> None:
