@@ -214,15 +214,17 @@ class GroupEngine(Operations):
         while another consumer works on it (docs/guarantees.md, fenced deliveries).
         """
         ref = (result.topic, result.qid, offset)
-        entry = self._in_flight.get(ref)
-        if entry is None:
-            return None
-        if result.attempts is not None:
-            attempt = result.attempts.get(offset)
-            if attempt is not None and attempt != entry.attempt:
-                return None
-        del self._in_flight[ref]
+        entry = self._current(ref, result.attempts.get(offset) if result.attempts else None)
+        if entry is not None:
+            del self._in_flight[ref]
         return entry
+
+    def _current(self, ref: MessageRef, attempt: int | None) -> Entry | None:
+        """The in-flight entry of ``ref``, if ``attempt`` (when named) is its current one."""
+        entry = self._in_flight.get(ref)
+        if entry is None or attempt is None or attempt == entry.attempt:
+            return entry
+        return None
 
     def extend(
         self,
@@ -238,9 +240,8 @@ class GroupEngine(Operations):
         applied = 0
         unknown: list[MessageRef] = []
         for ref in refs:
-            entry = self._in_flight.get(ref)
-            attempt = None if attempts is None else attempts.get(ref)
-            if entry is None or (attempt is not None and attempt != entry.attempt):
+            entry = self._current(ref, attempts.get(ref) if attempts else None)
+            if entry is None:
                 unknown.append(ref)
                 continue
             entry.deadline_ms = now_ms + ack_timeout_ms
@@ -325,9 +326,8 @@ class GroupEngine(Operations):
         applied = 0
         unknown: list[MessageRef] = []
         for ref in refs:
-            entry = self._in_flight.get(ref)
-            attempt = None if attempts is None else attempts.get(ref)
-            if entry is None or (attempt is not None and attempt != entry.attempt):
+            entry = self._current(ref, attempts.get(ref) if attempts else None)
+            if entry is None:
                 unknown.append(ref)
                 continue
             applied += 1
