@@ -147,4 +147,5 @@ class ConsumerConfig:
         """Messages pulled but not yet finished, per consumer (soft: see ``max_outstanding``)."""
         if self.max_outstanding is not None:
             return self.max_outstanding
-        return max(self.max_messages, 2 * self.concurrency)
+        # Four per worker: enough that a pull can refill the pool while handlers still run.
+        return max(self.max_messages, 4 * self.concurrency)

@@ -46,7 +46,7 @@ class Consumer(ConsumerBase):
     - ``wait_ms`` (1000): long-poll wait of each pull. A pull in progress cannot be abandoned
       without stranding the messages it may return, so ``stop()`` waits for it: this bounds
       the stop latency, at the cost of one idle pull per server per ``wait_ms``.
-    - ``max_outstanding`` (``max(max_messages, 2 * concurrency)``): messages received but not
+    - ``max_outstanding`` (``max(max_messages, 4 * concurrency)``): messages received but not
       finished, across servers (soft: each server may overshoot by one pull).
     - ``ack_linger_ms`` (10): results not carried by a pull within this time are sent with a
       standalone ack, so a long poll never holds back an ack (and the next message of its key).
