@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import RunningServer, make_settings
+from tests.openapi_check import Checker
+from tests.support import RUNNING, RunningServer, make_settings
 
 ServerFactory = Callable[..., RunningServer]
 
@@ -39,3 +40,24 @@ def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerF
 @pytest.fixture
 def server(server_factory: ServerFactory) -> RunningServer:
     return server_factory()
+
+
+@pytest.fixture(autouse=True)
+def _responses_match_openapi() -> Iterator[None]:
+    """After each test: every response its servers sent matches ``/openapi.json``."""
+    yield
+    problems: list[str] = []
+    for running in list(RUNNING):
+        seen = running.recorder.take()
+        if seen:
+            checker = _checkers.get(id(running))
+            if checker is None:
+                checker = _checkers[id(running)] = Checker(running.app.openapi())
+            problems += checker.problems(seen)
+        if not running.alive:
+            RUNNING.remove(running)
+            _checkers.pop(id(running), None)
+    assert not problems, "responses not matching /openapi.json:\n" + "\n".join(problems[:20])
+
+
+_checkers: dict[int, Checker] = {}

@@ -16,8 +16,12 @@ import uvicorn
 from consumer_sdk import Client
 from cproxy.api.app import create_app
 from cproxy.config import Settings
+from tests.openapi_check import Recorder
 
 T = TypeVar("T")
+
+#: Servers started by the current test (the OpenAPI check empties it after each test).
+RUNNING: list[RunningServer] = []
 
 
 def wait_until(
@@ -49,8 +53,15 @@ class RunningServer:
         self.port = self._sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
+        #: Every response, for the OpenAPI check after each test (tests/openapi_check.py).
+        self.recorder = Recorder(self.app)
+        RUNNING.append(self)
         config = uvicorn.Config(
-            self.app, log_config=None, access_log=False, lifespan="on", timeout_graceful_shutdown=2
+            self.recorder,
+            log_config=None,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -70,6 +81,10 @@ class RunningServer:
     def sdk(self, token: str | None = None) -> Client:
         """The SDK client for this server: what tests should use for ordinary calls."""
         return Client(self.url, token=token, timeout_ms=40_000)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         """Graceful stop (like SIGTERM): progress is persisted."""

@@ -15,7 +15,7 @@ from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
-from . import errors, groups, health, topics, ui
+from . import errors, groups, health, openapi, topics, ui
 from .auth import Authorizer
 from .limits import BodyLimit
 
@@ -53,6 +53,8 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
         version=__version__,
         summary="Ordered delivery per key without head-of-line blocking",
         lifespan=lifespan,
+        docs_url=None,  # served by openapi.install with bundled assets (no CDN)
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.broker = broker
@@ -63,5 +65,6 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.include_router(groups.router)
     app.include_router(health.router)
     app.include_router(ui.router)
+    openapi.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.limits.max_request_bytes)
     return app

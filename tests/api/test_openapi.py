@@ -1,0 +1,54 @@
+"""The OpenAPI document is complete and truthful, and /docs works without the internet.
+
+(That every response matches the document is checked after every test: tests/conftest.py.)
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.routing import APIRoute
+
+from cproxy.api.openapi import PLAIN, ROUTES
+from tests.support import RunningServer
+
+
+def test_every_route_declares_its_answers_and_the_real_error_shape(
+    server: RunningServer,
+) -> None:
+    operations = {
+        (method.lower(), route.path)
+        for route in server.app.routes
+        if isinstance(route, APIRoute) and route.include_in_schema
+        for method in route.methods
+    }
+    assert operations - set(ROUTES) - set(PLAIN) == set(), "routes without declared answers"
+    with server.client() as client:
+        spec = client.get("/openapi.json").json()
+    text = str(spec)
+    assert "HTTPValidationError" not in text and "'detail'" not in text
+    pull = spec["paths"]["/v1/groups/{group}/pull"]["post"]
+    for status in ("200", "400", "401", "403", "404", "413", "422", "503"):
+        assert status in pull["responses"], status
+    error = pull["responses"]["422"]["content"]["application/json"]["schema"]
+    assert error == {"$ref": "#/components/schemas/ErrorBody"}
+    # The new fields of this round are declared.
+    schemas = spec["components"]["schemas"]
+    assert "max_per_key" in schemas["Pull"]["properties"]
+    assert "attempt" in schemas["AckItem"]["properties"]
+    assert "run" in schemas["Message"]["properties"]
+    for field in ("lag_excluding_parked", "oldest_unfinished_age_ms", "lost_to_retention"):
+        assert field in schemas["GroupStatsOut"]["properties"], field
+    put = spec["paths"]["/v1/groups/{group}"]["put"]["requestBody"]["content"]
+    assert put["application/json"]["schema"] == {"$ref": "#/components/schemas/GroupConfigBody"}
+
+
+def test_docs_page_loads_its_assets_from_this_server(server: RunningServer) -> None:
+    with server.client() as client:
+        page = client.get("/docs")
+        assert page.status_code == 200
+        urls = re.findall(r"""(?:src|href|url)\s*[:=]\s*['"]([^'"]+)['"]""", page.text)
+        assert urls, page.text
+        for url in urls:
+            assert "://" not in url and not url.startswith("//"), url
+            assert client.get("/" + url.lstrip("/")).status_code == 200, url
