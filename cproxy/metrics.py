@@ -50,6 +50,7 @@ _COUNTERS = (
     "retried",
     "dead_lettered",
     "lost_to_retention",
+    "filtered",
 )
 
 

@@ -104,6 +104,10 @@ class PushSettings(_Out):
 class TopicEntry(_Out):
     order_by: str
     push: PushSettings | None = None
+    #: JMESPath on {key, headers, body}: messages for which it is not truthy are not delivered.
+    filter: str | None = None
+    #: JMESPath on {key, headers, body}: the delivered body.
+    transform: str | None = None
 
 
 class GroupConfigBody(_Out):
@@ -144,6 +148,7 @@ class GroupStatsOut(_Out):
     lag_excluding_parked: int
     oldest_unfinished_age_ms: int | None
     lost_to_retention: int
+    filtered: int
     ready: int
     in_flight: int
     waiting: int

@@ -141,6 +141,7 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
         "lag_excluding_parked": stats.lag_excluding_parked,
         "oldest_unfinished_age_ms": oldest_age_ms,
         "lost_to_retention": stats.lost_to_retention,
+        "filtered": stats.filtered,
         "ready": stats.ready,
         "in_flight": stats.in_flight,
         "waiting": stats.waiting,

@@ -33,6 +33,8 @@ def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
     """A delivered message plus ``attempt`` and ``produced_at_ms``; with ``runs`` also
     ``run`` (the position of its same-key run's first message in the same answer)."""
     out = message_json(d.message)
+    if d.body_json is not None:
+        out["body"] = orjson.Fragment(d.body_json)  # the group's transform of the body
     out["attempt"] = d.attempt
     out["produced_at_ms"] = d.message.produced_at_ms
     if runs:

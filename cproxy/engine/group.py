@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.expressions import Screen
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.operations import Operations
 from cproxy.engine.progress import snapshot
@@ -53,6 +54,10 @@ class GroupEngine(Operations):
         self._extract = {t: ob.extract for t, ob in config.topics.items()}
         self._tally = Tally(topics)
         self._seq = Sequencer(topics, self._tally)
+        self._counters = {topic: Counters() for topic in topics}
+        #: The latest time the driver told us (ms): dead letters decided while reading.
+        self._now_ms = 0
+        screen = Screen(config.filters, config.transforms, self._filtered, self._failed)
         self._reader = Reader(
             progress,
             end_offsets,
@@ -60,8 +65,8 @@ class GroupEngine(Operations):
             self._order_value,
             self._seq,
             self._tally,
+            screen.entry_for,
         )
-        self._counters = {topic: Counters() for topic in topics}
         self._in_flight: dict[MessageRef, Entry] = {}
         self._exhausted: dict[MessageRef, Entry] = {}
         self._timeouts = DeadlineHeap(
@@ -76,24 +81,6 @@ class GroupEngine(Operations):
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
-
-    def _is_finished(self, message: Message) -> bool:
-        """Acked or dead-lettered (as far as this group's position says)."""
-        cur = self._reader.cursor(message.topic, message.qid)
-        offset = message.offset
-        if cur is None or offset >= cur.fetch_offset:
-            return False
-        if any(start <= offset < end for start, end in cur.restore):
-            return False
-        value = self._order_value(message)
-        first = None if value is None else cur.scan.get(value)
-        if first is not None and offset >= max(first, cur.scan_from):
-            return False
-        if offset in self._tally.held_offsets(message.topic, message.qid):
-            return False
-        chain = None if value is None else self._seq.chain(message.topic, value)
-        low = None if chain is None else chain.lowest_unread(message.qid)
-        return low is None or offset < low
 
     def reads(self, topic: str) -> bool:
         """Whether the group subscribes to ``topic``."""
@@ -115,6 +102,7 @@ class GroupEngine(Operations):
 
     def plan_fetches(self, now_ms: int) -> list[FetchRequest]:
         """Reads to make now; empty when the buffer is full or every queue is caught up."""
+        self._now_ms = max(self._now_ms, now_ms)
         return self._reader.plan(now_ms)
 
     def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
@@ -178,7 +166,7 @@ class GroupEngine(Operations):
         self._timeouts.push(deadline_ms, entry)
         message = entry.message
         self._in_flight[(message.topic, message.qid, message.offset)] = entry
-        out.append(Delivery(message, attempt, run))
+        out.append(Delivery(message, attempt, run, entry.body_json))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -251,6 +239,7 @@ class GroupEngine(Operations):
 
     def tick(self, now_ms: int) -> None:
         """Expire ack deadlines and make due retries ready."""
+        self._now_ms = max(self._now_ms, now_ms)
         for entry in self._timeouts.pop_due(now_ms):
             del self._in_flight[entry.message.ref]
             self._on_timeout(entry, now_ms)
@@ -312,37 +301,14 @@ class GroupEngine(Operations):
                 member.attempt -= 1
         self._seq.send_back(chain, members)
 
-    def release_uncharged(
-        self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int] | None = None
-    ) -> Outcome:
-        """Take in-flight deliveries back without charging an attempt (they never arrived).
+    def _filtered(self, topic: str) -> None:
+        self._counters[topic].filtered += 1
 
-        For a delivery that could not reach its consumer at all (the push endpoint refused
-        the connection): a head becomes ready again at once, ahead of fresh work, with its
-        attempt count as before the delivery; a run member goes back behind its head with
-        the rest of its run, uncharged too. Results for the released deliveries become
-        unknown. ``attempts`` fences as for results; refs not in flight are unknown.
-        """
-        applied = 0
-        unknown: list[MessageRef] = []
-        for ref in refs:
-            entry = self._current(ref, attempts.get(ref) if attempts else None)
-            if entry is None:
-                unknown.append(ref)
-                continue
-            applied += 1
-            chain = entry.chain
-            if chain is not None and entry is not chain.head:
-                members = list(chain.run)
-                self._send_back(chain, members[members.index(entry) :])
-                continue
-            if chain is not None and chain.run:
-                self._send_back(chain, list(chain.run))
-            del self._in_flight[ref]
-            entry.attempt -= 1
-            self._seq.retry_now(entry)
-        self._compact_heaps()
-        return Outcome(applied, unknown)
+    def _failed(self, message: Message, error: str) -> None:
+        """A filter or transform raised on a message being read: dead-letter it at once."""
+        entry = Entry(message)
+        entry.last_error = error
+        self._dead_letter(entry, self._now_ms)
 
     def _dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
@@ -389,11 +355,3 @@ class GroupEngine(Operations):
     def progress(self) -> dict[QueueRef, QueueProgress]:
         """Every queue's progress in its persisted form (see ``cproxy.engine.progress``)."""
         return snapshot(self._reader.cursors(), self._tally, self._seq.chains())
-
-    def on_retention(self, topic: str, qid: int, min_offset: int) -> int:
-        """Retention deleted the queue's messages below ``min_offset``: skip those not read
-        yet and count them as lost (``stats().lost_to_retention``); returns how many."""
-        lost = self._reader.skip_to(topic, qid, min_offset)
-        if topic in self._counters:
-            self._counters[topic].lost_to_retention += lost
-        return lost

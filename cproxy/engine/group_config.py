@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from cproxy.engine.expressions import Expression
 from cproxy.engine.orderkey import OrderBy
 from cproxy.engine.push_config import PushConfig
 from cproxy.errors import ConfigError, InvalidOrderBy
@@ -34,6 +35,10 @@ class GroupConfig:
     max_buffered: int = 10_000
     #: Topic -> push delivery settings, for topic entries that have ``push``.
     push: Mapping[str, PushConfig] = field(default_factory=dict)
+    #: Topic -> filter (messages for which it is not truthy are finished undelivered).
+    filters: Mapping[str, Expression] = field(default_factory=dict)
+    #: Topic -> transform of the delivered body.
+    transforms: Mapping[str, Expression] = field(default_factory=dict)
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -46,6 +51,10 @@ class GroupConfig:
         }
         for name, push in self.push.items():
             topics[name]["push"] = push.to_dict()
+        for name, expression in self.filters.items():
+            topics[name]["filter"] = expression.source
+        for name, expression in self.transforms.items():
+            topics[name]["transform"] = expression.source
         return {
             "topics": topics,
             "max_attempts": self.max_attempts,
@@ -67,10 +76,12 @@ class GroupConfig:
             raise ConfigError("'topics' must be a non-empty object of topic -> {order_by}")
         parsed: dict[str, OrderBy] = {}
         push: dict[str, PushConfig] = {}
+        filters: dict[str, Expression] = {}
+        transforms: dict[str, Expression] = {}
         for name, sub in topics.items():
             if not isinstance(sub, Mapping):
                 raise ConfigError(f"topics.{name} must be an object like {{'order_by': 'key'}}")
-            extra = set(sub) - {"order_by", "push"}
+            extra = set(sub) - {"order_by", "push", "filter", "transform"}
             if extra:
                 raise ConfigError(f"topics.{name}: unknown setting(s) {', '.join(sorted(extra))}")
             spec = sub.get("order_by", "key")
@@ -82,6 +93,12 @@ class GroupConfig:
                 raise InvalidOrderBy(f"topics.{name}.order_by: {exc.message}") from exc
             if "push" in sub:
                 push[str(name)] = PushConfig.from_dict(f"topics.{name}", sub["push"])
+            if sub.get("filter") is not None:
+                filters[str(name)] = Expression.compile(f"topics.{name}.filter", sub["filter"])
+            if sub.get("transform") is not None:
+                transforms[str(name)] = Expression.compile(
+                    f"topics.{name}.transform", sub["transform"]
+                )
         defaults = cls(topics={})
         backoff = data.get("retry_backoff_ms", list(defaults.retry_backoff_ms))
         if (
@@ -110,6 +127,8 @@ class GroupConfig:
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
             push=push,
+            filters=filters,
+            transforms=transforms,
         )
 
 

@@ -9,7 +9,7 @@ derived from state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.group_config import GroupConfig
@@ -17,7 +17,7 @@ from cproxy.engine.progress import committed_offset, parked_by_queue
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters
 from cproxy.engine.sequencer import Sequencer
-from cproxy.engine.snapshots import BlockedKey, GroupStats, QueuePosition, TopicCounts
+from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome, QueuePosition, TopicCounts
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.errors import BlockedKeyNotFound, NotBlocked
 from cproxy.model import DeadLetter, Message, MessageRef, QueueRef
@@ -43,7 +43,9 @@ class Operations:
     _retries: DeadlineHeap
     _pending: CommitBatch
     _order_value: Callable[[Message], str | None]
-    _is_finished: Callable[[Message], bool]
+    _current: Callable[[MessageRef, int | None], Entry | None]
+    _send_back: Callable[..., None]
+    _compact_heaps: Callable[[], None]
     _dead_letter: Callable[[Entry, int], None]
 
     def seek(self, topic: str, targets: Mapping[int, int]) -> None:
@@ -210,6 +212,7 @@ class Operations:
                 c.retried,
                 c.dead_lettered,
                 c.lost_to_retention,
+                c.filtered,
             )
             for topic, c in self._counters.items()
         )
@@ -217,6 +220,7 @@ class Operations:
             queues=tuple(queues),
             lag_excluding_parked=sum(q.lag_excluding_parked for q in queues),
             lost_to_retention=sum(q.lost_to_retention for q in queues),
+            filtered=sum(c.filtered for c in self._counters.values()),
             topics=topics,
             ready=tally.count(State.READY),
             in_flight=tally.count(State.IN_FLIGHT),
@@ -228,6 +232,65 @@ class Operations:
             parked_keys=sum(1 for c in chains if c.is_parked),
             pending_dead_letters=len(self._pending.dead_letters),
         )
+
+
+    def release_uncharged(
+        self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int] | None = None
+    ) -> Outcome:
+        """Take in-flight deliveries back without charging an attempt (they never arrived).
+
+        For a delivery that could not reach its consumer at all (the push endpoint refused
+        the connection): a head becomes ready again at once, ahead of fresh work, with its
+        attempt count as before the delivery; a run member goes back behind its head with
+        the rest of its run, uncharged too. Results for the released deliveries become
+        unknown. ``attempts`` fences as for results; refs not in flight are unknown.
+        """
+        applied = 0
+        unknown: list[MessageRef] = []
+        for ref in refs:
+            entry = self._current(ref, attempts.get(ref) if attempts else None)
+            if entry is None:
+                unknown.append(ref)
+                continue
+            applied += 1
+            chain = entry.chain
+            if chain is not None and entry is not chain.head:
+                members = list(chain.run)
+                self._send_back(chain, members[members.index(entry) :])
+                continue
+            if chain is not None and chain.run:
+                self._send_back(chain, list(chain.run))
+            del self._in_flight[ref]
+            entry.attempt -= 1
+            self._seq.retry_now(entry)
+        self._compact_heaps()
+        return Outcome(applied, unknown)
+
+    def on_retention(self, topic: str, qid: int, min_offset: int) -> int:
+        """Retention deleted the queue's messages below ``min_offset``: skip those not read
+        yet and count them as lost (``stats().lost_to_retention``); returns how many."""
+        lost = self._reader.skip_to(topic, qid, min_offset)
+        if topic in self._counters:
+            self._counters[topic].lost_to_retention += lost
+        return lost
+
+    def _is_finished(self, message: Message) -> bool:
+        """Acked or dead-lettered (as far as this group's position says)."""
+        cur = self._reader.cursor(message.topic, message.qid)
+        offset = message.offset
+        if cur is None or offset >= cur.fetch_offset:
+            return False
+        if any(start <= offset < end for start, end in cur.restore):
+            return False
+        value = self._order_value(message)
+        first = None if value is None else cur.scan.get(value)
+        if first is not None and offset >= max(first, cur.scan_from):
+            return False
+        if offset in self._tally.held_offsets(message.topic, message.qid):
+            return False
+        chain = None if value is None else self._seq.chain(message.topic, value)
+        low = None if chain is None else chain.lowest_unread(message.qid)
+        return low is None or offset < low
 
 
 def _row(head: Entry, value: str | None, waiting: int, parked: bool) -> BlockedKey:

@@ -49,6 +49,7 @@ class Reader:
         "_max_buffered",
         "_next_park_check_ms",
         "_rotation",
+        "_screen",
         "_seq",
         "_tally",
     )
@@ -61,7 +62,11 @@ class Reader:
         extract: Callable[[Message], str | None],
         sequencer: Sequencer,
         tally: Tally,
+        screen: Callable[[Message, bool], Entry | None] = lambda message, _: Entry(message),
     ) -> None:
+        """``screen(message, first_read)`` gives the entry to hold for a read message, or
+        None when it is not held (a group's filter); ``first_read`` is False when a message
+        is read again (a reload)."""
         self._cursors = {
             ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0))
             for ref, p in progress.items()
@@ -70,6 +75,7 @@ class Reader:
         self._extract = extract
         self._seq = sequencer
         self._tally = tally
+        self._screen = screen
         self._rotation = 0
         self._next_park_check_ms = 0
 
@@ -237,7 +243,9 @@ class Reader:
         for message in messages:
             if message.offset >= end or self._tally.held >= self._max_buffered:
                 break
-            self._seq.admit(Entry(message), self._extract(message))
+            entry = self._screen(message, False)
+            if entry is not None:
+                self._seq.admit(entry, self._extract(message))
             start = message.offset + 1
         if len(messages) < request.max_count:
             start = end  # the store has no more of the range (retention deleted it)
@@ -266,7 +274,9 @@ class Reader:
                         self._seq.restore_parked(cur.topic, v, cur.qid, max(f, offset))
                     cur.scan.clear()
                     return
-                self._seq.admit(Entry(message), value)
+                entry = self._screen(message, False)
+                if entry is not None:
+                    self._seq.admit(entry, value)
             position = offset + 1
         cur.scan_from = max(cur.scan_from, position)
         if cur.scan_from >= request.upto:
@@ -282,7 +292,9 @@ class Reader:
                 # An offer() on another queue may have used the space this read was
                 # planned with: stop here and read the rest later.
                 break
-            self._seq.admit(Entry(message), self._extract(message))
+            entry = self._screen(message, True)
+            if entry is not None:
+                self._seq.admit(entry, self._extract(message))
             cur.fetch_offset = message.offset + 1
         cur.end_offset = max(cur.end_offset, cur.fetch_offset)
 
@@ -311,7 +323,9 @@ class Reader:
             if self._tally.held >= self._max_buffered:
                 scanned_to = offset  # no room: the rest of the chain stays parked
                 break
-            self._seq.admit_reloaded(Entry(message, chain), chain)
+            entry = self._screen(message, False)
+            if entry is not None:
+                self._seq.admit_reloaded(entry, chain)
         scanned_to = min(scanned_to, request.upto)
         if scanned_to < request.upto:
             chain.note_parked(request.qid, scanned_to)

@@ -36,6 +36,7 @@ class Counters:
     retried: int = 0
     dead_lettered: int = 0
     lost_to_retention: int = 0
+    filtered: int = 0
 
 
 @dataclass(slots=True)

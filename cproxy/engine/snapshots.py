@@ -19,6 +19,8 @@ class Delivery(NamedTuple):
     message: Message
     attempt: int
     run: int = 0
+    #: The body to deliver (JSON) when the group transforms it; None: the stored body.
+    body_json: bytes | None = None
 
 
 class Outcome(NamedTuple):
@@ -63,6 +65,8 @@ class TopicCounts:
     retried: int
     dead_lettered: int
     lost_to_retention: int
+    #: Messages the group's filter finished without delivery.
+    filtered: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class GroupStats:
     lag_excluding_parked: int
     #: Messages retention deleted before the group read them (since the group started).
     lost_to_retention: int
+    #: Messages the group's filter finished without delivery (since the group started).
+    filtered: int
     ready: int
     in_flight: int
     waiting: int

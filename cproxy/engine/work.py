@@ -54,6 +54,7 @@ class Entry:
     __slots__ = (
         "attempt",
         "blocked_since_ms",
+        "body_json",
         "chain",
         "deadline_ms",
         "due_ms",
@@ -81,6 +82,8 @@ class Entry:
         self.redriven = redriven
         #: When the first delivery of this entry was handed out (ms).
         self.blocked_since_ms = 0
+        #: The body to deliver when the group transforms it (JSON); None: the stored body.
+        self.body_json: bytes | None = None
 
 
 class Tally:
