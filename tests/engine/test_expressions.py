@@ -69,4 +69,5 @@ def test_configs_with_the_same_expressions_are_equal() -> None:
     a = GroupConfig.from_dict({"topics": {"t": {"filter": "body.x", "transform": "body"}}})
     b = GroupConfig.from_dict({"topics": {"t": {"filter": "body.x", "transform": "body"}}})
     assert a == b
-    assert a.to_dict()["topics"]["t"] == {"order_by": "key", "filter": "body.x", "transform": "body"}
+    entry = a.to_dict()["topics"]["t"]
+    assert entry == {"order_by": "key", "filter": "body.x", "transform": "body"}
