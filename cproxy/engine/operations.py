@@ -1,4 +1,5 @@
-"""Operator actions and views of a group: seek, redrive, blocked keys, skip, release, stats.
+"""Operator actions and less frequent verbs of a group: seek, redrive, blocked keys, skip,
+release, stats, retention, taking deliveries back uncharged.
 
 These are ``GroupEngine`` methods (mixed in from here to keep modules small). They are rare
 and may scan the group's held state; the hot path lives in ``group``. Each is built on the
