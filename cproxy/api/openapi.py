@@ -6,11 +6,13 @@ FastAPI's ``{"detail": [...]}``) and the status codes are declared here, in one 
 ``tests/api/test_openapi.py`` fails when a route is missing from it, and every response the
 test suite sees is validated against the document (``tests/api/conftest.py``).
 
-Swagger UI's assets come from the ``swagger-ui-bundle`` package (no CDN).
+Swagger UI's assets (version 5, which renders OpenAPI 3.1) come from the ``fastapi-offline``
+package (no CDN).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -127,14 +129,11 @@ def build(app: FastAPI) -> dict[str, Any]:
 
 def install(app: FastAPI) -> None:
     """Serve ``/openapi.json`` from ``build`` and ``/docs`` with bundled Swagger UI assets."""
-    import swagger_ui_bundle
+    import fastapi_offline
 
     app.openapi = lambda: build(app)  # type: ignore[method-assign]
-    app.mount(
-        "/docs/assets",
-        StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
-        name="swagger-ui-assets",
-    )
+    assets = Path(fastapi_offline.__file__).parent / "static"
+    app.mount("/docs/assets", StaticFiles(directory=assets), name="swagger-ui-assets")
 
     async def docs(request: Request) -> HTMLResponse:
         return get_swagger_ui_html(
@@ -142,7 +141,7 @@ def install(app: FastAPI) -> None:
             title=f"{app.title} API",
             swagger_js_url="docs/assets/swagger-ui-bundle.js",
             swagger_css_url="docs/assets/swagger-ui.css",
-            swagger_favicon_url="docs/assets/favicon-32x32.png",
+            swagger_favicon_url="docs/assets/favicon.png",
         )
 
     app.add_route("/docs", docs, include_in_schema=False)
