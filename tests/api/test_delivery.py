@@ -137,7 +137,12 @@ async def test_same_key_runs_keep_order_with_8_pullers_and_random_fails(
 
 def test_a_stuck_or_failing_key_does_not_delay_other_keys(server: RunningServer) -> None:
     with server.client() as client:
-        setup(client, {"topics": {"t": {"order_by": "key"}}, "retry_backoff_ms": [50]})
+        # max_attempts high: on a slow machine the loop may run long enough for the failing
+        # key's messages to be dead-lettered, and then it would no longer be blocked.
+        setup(
+            client,
+            {"topics": {"t": {"order_by": "key"}}, "retry_backoff_ms": [50], "max_attempts": 1000},
+        )
         produce(client, [{"key": k, "body": i} for i in range(3) for k in ("stuck", "failing")])
         produce(client, [{"key": f"h{i % 50}", "body": i} for i in range(500)])
         healthy = 0
