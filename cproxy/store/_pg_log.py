@@ -29,7 +29,7 @@ from cproxy.store._pg_sql import (
     LOCK_QUEUES,
     UPDATE_QUEUES,
 )
-from cproxy.store._retention import check_retention
+from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
 
@@ -154,16 +154,16 @@ class PgLog(PgBase):
             )
         moved: dict[int, int] = {}
         for qid, floor, nxt in bounds:
-            cut = floor
-            if retention_ms is not None:
-                cut = await self.offset_for_time(topic, qid, now_ms - retention_ms)
-            key = (tid, qid)
-            if retention_bytes is None:
-                self._bytes.forget(key)
-            else:
-                sizes = functools.partial(self._sizes, tid, qid)
-                cut = max(cut, await self._bytes.cut(key, floor, nxt, retention_bytes, sizes))
-                await self._bytes.advance(key, cut, sizes)
+            cut = await queue_cut(
+                self._bytes,
+                (tid, qid),
+                floor,
+                nxt,
+                (retention_ms, retention_bytes),
+                now_ms,
+                functools.partial(self.offset_for_time, topic, qid),
+                functools.partial(self._sizes, tid, qid),
+            )
             if cut > floor:
                 moved[qid] = await self._cut(tid, qid, floor, cut)
         if moved:

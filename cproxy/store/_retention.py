@@ -109,3 +109,28 @@ class ByteCounter:
             w.total -= sum(size for _, size in await sizes(at, hi))
             at = hi
         w.floor = new_floor
+
+
+async def queue_cut(
+    counter: ByteCounter,
+    key: object,
+    floor: int,
+    next_offset: int,
+    bounds: tuple[int | None, int | None],
+    now_ms: int,
+    offset_for_time: Callable[[int], Awaitable[int]],
+    sizes: Sizes,
+) -> int:
+    """The lowest offset a queue keeps under ``bounds`` (``(retention_ms,
+    retention_bytes)``); ``floor`` when nothing needs to go. Keeps ``counter`` in step: the
+    caller deletes below the returned offset."""
+    retention_ms, retention_bytes = bounds
+    cut = floor
+    if retention_ms is not None:
+        cut = await offset_for_time(now_ms - retention_ms)
+    if retention_bytes is None:
+        counter.forget(key)
+    else:
+        cut = max(cut, await counter.cut(key, floor, next_offset, retention_bytes, sizes))
+        await counter.advance(key, cut, sizes)
+    return cut

@@ -28,7 +28,7 @@ import anyio
 from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import QueueStats, TopicInfo
 from cproxy.store._common import check_qid, check_queues, topic_not_found
-from cproxy.store._retention import ByteCounter, check_retention
+from cproxy.store._retention import ByteCounter, check_retention, queue_cut
 from cproxy.store._sqlite_db import Database
 
 logger = logging.getLogger(__name__)
@@ -252,19 +252,18 @@ class SqliteTopics:
         async with self._retention_lock:
             if self._names.get(tid) != topic:
                 return moved  # deleted while we waited for the lock
-            retention_ms, retention_bytes = self._bounds[tid]
             for qid in range(queues):
                 floor, nxt = self._min[tid][qid], self._next[tid][qid]
-                cut = floor
-                if retention_ms is not None:
-                    cut = await self.offset_for_time(topic, qid, now_ms - retention_ms)
-                key = (tid, qid)
-                if retention_bytes is None:
-                    self._bytes.forget(key)
-                else:
-                    sizes = functools.partial(self._sizes, tid, qid)
-                    cut = max(cut, await self._bytes.cut(key, floor, nxt, retention_bytes, sizes))
-                    await self._bytes.advance(key, cut, sizes)
+                cut = await queue_cut(
+                    self._bytes,
+                    (tid, qid),
+                    floor,
+                    nxt,
+                    self._bounds[tid],
+                    now_ms,
+                    functools.partial(self.offset_for_time, topic, qid),
+                    functools.partial(self._sizes, tid, qid),
+                )
                 if cut > floor:
                     await self._cut(tid, qid, floor, cut)
                     moved[qid] = cut
