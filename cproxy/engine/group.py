@@ -57,7 +57,12 @@ class GroupEngine(Operations):
         self._counters = {topic: Counters() for topic in topics}
         #: The latest time the driver told us (ms): dead letters decided while reading.
         self._now_ms = 0
-        screen = Screen(config.filters, config.transforms, self._filtered, self._failed)
+        # Only groups with expressions pay for screening on the read path.
+        screen = (
+            Screen(config.filters, config.transforms, self._filtered, self._failed).entry_for
+            if config.filters or config.transforms
+            else None
+        )
         self._reader = Reader(
             progress,
             end_offsets,
@@ -65,7 +70,7 @@ class GroupEngine(Operations):
             self._order_value,
             self._seq,
             self._tally,
-            screen.entry_for,
+            screen,
         )
         self._in_flight: dict[MessageRef, Entry] = {}
         self._exhausted: dict[MessageRef, Entry] = {}
@@ -174,11 +179,7 @@ class GroupEngine(Operations):
         unknown: list[MessageRef] = []
         for result in results:
             for offset in result.acks:
-                entry = (
-                    self._in_flight.pop((result.topic, result.qid, offset), None)
-                    if result.attempts is None
-                    else self._take_in_flight(result, offset)
-                )
+                entry = self._take_in_flight(result, offset)
                 if entry is None:
                     unknown.append((result.topic, result.qid, offset))
                     continue
@@ -202,7 +203,9 @@ class GroupEngine(Operations):
         while another consumer works on it (docs/guarantees.md, fenced deliveries).
         """
         ref = (result.topic, result.qid, offset)
-        entry = self._current(ref, result.attempts.get(offset) if result.attempts else None)
+        if result.attempts is None:  # unfenced: whatever delivery is current
+            return self._in_flight.pop(ref, None)
+        entry = self._current(ref, result.attempts.get(offset))
         if entry is not None:
             del self._in_flight[ref]
         return entry

@@ -40,6 +40,11 @@ def _is_stuck(head: Entry, now_ms: int) -> bool:
     )
 
 
+def _hold(message: Message, first_read: bool) -> Entry:
+    """No filter or transform: every read message is held."""
+    return Entry(message)
+
+
 class Reader:
     """Fetch positions and read planning of one group's queues."""
 
@@ -62,11 +67,11 @@ class Reader:
         extract: Callable[[Message], str | None],
         sequencer: Sequencer,
         tally: Tally,
-        screen: Callable[[Message, bool], Entry | None] = lambda message, _: Entry(message),
+        screen: Callable[[Message, bool], Entry | None] | None = None,
     ) -> None:
         """``screen(message, first_read)`` gives the entry to hold for a read message, or
         None when it is not held (a group's filter); ``first_read`` is False when a message
-        is read again (a reload)."""
+        is read again (a reload). None: every message is held as it is."""
         self._cursors = {
             ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0))
             for ref, p in progress.items()
@@ -75,7 +80,7 @@ class Reader:
         self._extract = extract
         self._seq = sequencer
         self._tally = tally
-        self._screen = screen
+        self._screen = screen or _hold
         self._rotation = 0
         self._next_park_check_ms = 0
 
