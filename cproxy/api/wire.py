@@ -65,11 +65,7 @@ def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
     }
 
 
-# -- consuming -------------------------------------------------------------------------------
-# The message shape lives with the broker so that push requests use it too.
-_message = message_json
-delivery = delivery_json
-
+# -- consuming (the message shape lives with the broker: push requests use it too) -----------
 
 def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
     return [{"topic": t, "qid": q, "offset": o} for t, q, o in items]
@@ -82,8 +78,8 @@ def outcome(o: Outcome) -> dict[str, Any]:
 def pull_result(r: PullResult, runs: bool = False) -> dict[str, Any]:
     """With ``runs`` (``max_per_key`` > 1) each message names its run's first position."""
     return {
-        "messages": [delivery(d, runs) for d in r.deliveries],
-        "results": {"applied": r.applied, "unknown": refs(r.unknown)},
+        "messages": [delivery_json(d, runs) for d in r.deliveries],
+        "results": outcome(Outcome(r.applied, r.unknown)),
     }
 
 
@@ -167,7 +163,7 @@ def group_view(view: GroupView) -> dict[str, Any]:
 def dead_letters(rows: Iterable[DeadLetter]) -> dict[str, Any]:
     out = []
     for d in rows:
-        item = _message(d.message)
+        item = message_json(d.message)
         item["id"] = d.message.id
         item["produced_at_ms"] = d.message.produced_at_ms
         item["attempts"] = d.attempts
