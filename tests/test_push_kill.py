@@ -17,7 +17,9 @@ rest is produced, and the run goes on until the group has no lag. Then:
 
 from __future__ import annotations
 
+import contextlib
 import random
+import sqlite3
 import threading
 import time
 from collections import defaultdict
@@ -64,6 +66,19 @@ def _produce(url: str, seqs: range) -> None:
             assert r.status_code == 200, r.text
 
 
+def _persisted_progress(data_dir: Path) -> int:
+    """Sum of the committed offsets the server has written (read-only, beside the server)."""
+    path = data_dir / "cproxy.db"
+    if not path.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        try:
+            (total,) = db.execute("SELECT coalesce(sum(committed), 0) FROM progress").fetchone()
+        except sqlite3.OperationalError:
+            return 0  # the schema is being created
+    return int(total)
+
+
 def _acked_by_key(requests: list[Request]) -> dict[str, list[int]]:
     out: dict[str, list[int]] = defaultdict(list)
     for r in sorted((r for r in requests if r.status == 200), key=lambda r: r.answered_at):
@@ -96,6 +111,12 @@ def test_sigkill_while_pushing_loses_nothing_and_keeps_order(tmp_path: Path) -> 
         total = KEYS * PER_KEY
         wait_until(
             lambda: len(receiver.acked_messages()) >= total // 3, 30, message="a third acked"
+        )
+        # Kill only once progress was committed: pushing is fast enough to ack a third of the
+        # messages before the first commit interval ends, and the bound below is about what
+        # the last interval before the kill misses, not about a group that never committed.
+        wait_until(
+            lambda: _persisted_progress(server.data_dir) > 0, 30, 0.02, "a progress commit"
         )
         server.kill()
         killed_at = time.monotonic()
