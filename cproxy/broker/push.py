@@ -30,8 +30,8 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
+import aiohttp
 import anyio
-import httpx
 import orjson
 from anyio.abc import TaskGroup
 
@@ -134,8 +134,6 @@ class PushLane:
 
     async def run(self) -> None:
         """Push until the group stops; requests under way are awaited, not abandoned."""
-        # httpx logs every request at INFO: that would be one server log line per message.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
         async with _Connections(self.config) as pool, anyio.create_task_group() as tg:
             while not self._source.stopping:
                 await self._fill(pool, tg)
@@ -170,23 +168,21 @@ class PushLane:
             tg.start_soon(self._push, pool, run)
 
     async def _push(self, pool: _Connections, run: list[Delivery]) -> None:
-        client = pool.take()
         try:
-            await self._push_one(client, run)
+            await self._push_one(pool, run)
         finally:
-            pool.give_back(client)
             self._in_flight -= len(run)
             event, self._slot_freed = self._slot_freed, anyio.Event()
             event.set()
 
-    async def _push_one(self, client: httpx.AsyncClient, run: list[Delivery]) -> None:
+    async def _push_one(self, pool: _Connections, run: list[Delivery]) -> None:
         runs = self.config.max_per_key > 1
         body = orjson.dumps({"messages": [delivery_json(d, runs) for d in run]})
         headers = dict(self._headers)
         if self.config.secret is not None:
             headers[SIGNATURE_HEADER] = signature(self.config.secret, body)
         try:
-            status = await self._post(client, body, headers)
+            status = await pool.post(body, headers)
         except _Transport as exc:
             self._release(run)
             self._pause(str(exc))
@@ -211,19 +207,6 @@ class PushLane:
         )
         # Failing the run's first message sends the rest back behind it, uncharged.
         self._source.apply(_results(run[:1], ack=False, error=error))
-
-    async def _post(
-        self, client: httpx.AsyncClient, body: bytes, headers: dict[str, str]
-    ) -> int | None:
-        """The answer's status; None when ``timeout_ms`` passed; raises ``_Transport``."""
-        try:
-            with anyio.fail_after(self.config.timeout_ms / 1000):
-                response = await client.post(self.config.url, content=body, headers=headers)
-        except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout):
-            return None
-        except httpx.HTTPError as exc:  # refused, reset, connect timeout, protocol error
-            raise _Transport(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
-        return response.status_code
 
     def _release(self, deliveries: Sequence[Delivery]) -> None:
         attempts = {d.message.ref: d.attempt for d in deliveries}
@@ -268,51 +251,53 @@ class PushLane:
 
 
 class _Connections:
-    """At most ``max_in_flight`` keep-alive connections to the endpoint, one request each.
+    """Keep-alive connections to the endpoint: one aiohttp session, at most ``max_in_flight``.
 
-    Each connection is its own single-connection ``httpx.AsyncClient``: one shared pool of
-    many connections costs far more per request under concurrency (encode/httpx#3215:
-    about 13 ms per request at 64 concurrent on loopback, against about 1.5 ms this way).
-    The lane never has more requests open than ``max_in_flight``, so ``take`` always finds
-    or makes a connection; idle ones are reused most-recent first, so a light load keeps
-    few sockets open.
+    aiohttp rather than httpx: on loopback an httpx request cost about 1.5 ms of CPU even
+    with one single-connection client per slot (a shared httpx pool was slower still under
+    concurrency), an aiohttp request about 0.2 ms; push sends one request
+    per delivery, so this is its whole cost (docs/benchmarks.md, push delivery).
     """
 
     def __init__(self, config: PushConfig) -> None:
+        self._url = config.url
         timeout_s = config.timeout_ms / 1000
+        self._timeout_s = timeout_s
         # A connection not made within 90% of the budget counts as unreachable (uncharged),
         # not as a slow answer; the whole request is still bounded by ``timeout_ms``.
-        self._timeout = httpx.Timeout(timeout_s, connect=timeout_s * 0.9)
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=timeout_s * 0.9)
         self._limit = config.max_in_flight
-        # One TLS context for all of them: building one loads the CA bundle (~40 ms).
-        self._tls = ssl.create_default_context()
-        self._idle: list[httpx.AsyncClient] = []
-        self._all: list[httpx.AsyncClient] = []
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> _Connections:
+        # One TLS context for all connections: building one loads the CA bundle (~40 ms).
+        connector = aiohttp.TCPConnector(limit=self._limit, ssl=ssl.create_default_context())
+        self._session = aiohttp.ClientSession(
+            connector=connector, timeout=self._timeout, trust_env=False, auto_decompress=False
+        )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        with anyio.CancelScope(shield=True):
-            for client in self._all:
-                await client.aclose()
+        if self._session is not None:
+            with anyio.CancelScope(shield=True):
+                await self._session.close()
 
-    def take(self) -> httpx.AsyncClient:
-        if self._idle:
-            return self._idle.pop()
-        if len(self._all) >= self._limit:
-            raise RuntimeError("push lane exceeded max_in_flight")  # a bug, not an outage
-        client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=1, max_keepalive_connections=1),
-            timeout=self._timeout,
-            verify=self._tls,
-            trust_env=False,
-        )
-        self._all.append(client)
-        return client
-
-    def give_back(self, client: httpx.AsyncClient) -> None:
-        self._idle.append(client)
+    async def post(self, body: bytes, headers: Mapping[str, str]) -> int | None:
+        """The answer's status; None when ``timeout_ms`` passed; raises ``_Transport``."""
+        assert self._session is not None, "used outside its context"
+        try:
+            with anyio.fail_after(self._timeout_s):
+                async with self._session.post(self._url, data=body, headers=headers) as answer:
+                    await answer.read()
+                    return answer.status
+        except aiohttp.ConnectionTimeoutError as exc:  # no connection made: unreachable
+            raise _Transport(f"connect timeout: {exc}".rstrip(": ")) from exc
+        except TimeoutError:  # includes aiohttp's read timeouts
+            return None
+        except aiohttp.ClientConnectorError as exc:  # refused, unreachable, DNS
+            raise _Transport(f"ConnectError: {exc}") from exc
+        except aiohttp.ClientError as exc:  # reset, disconnected, protocol error
+            raise _Transport(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
 
 
 def _runs(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:
