@@ -30,6 +30,26 @@ _READY = State.READY
 _WAITING = State.WAITING
 
 
+class _NoEntries(deque[Entry]):
+    """The one shared, always-empty ``waiting``/``run`` of chains that hold only a head.
+
+    An empty ``deque`` costs about 760 bytes; most chains never hold more than their head,
+    so they share this one instead (half of the memory of a key in memory). It refuses to
+    grow: the sequencer swaps in a real deque before its first append.
+    """
+
+    __slots__ = ()
+
+    def append(self, entry: Entry) -> None:
+        raise AssertionError("append to the shared empty chain container")
+
+    def appendleft(self, entry: Entry) -> None:
+        raise AssertionError("append to the shared empty chain container")
+
+
+_NONE: deque[Entry] = _NoEntries()
+
+
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
@@ -40,8 +60,8 @@ class Chain:
         self.value = value
         self.head: Entry | None = None
         #: Messages handed out together with the head (a same-key run), in offset order.
-        self.run: deque[Entry] = deque()
-        self.waiting: deque[Entry] = deque()
+        self.run: deque[Entry] = _NONE
+        self.waiting: deque[Entry] = _NONE
         #: qid -> earliest offset dropped from memory and not yet reloaded.
         self.parked: dict[int, int] = {}
         #: qid -> where a reload under way started; while one runs, arrivals stay parked to
@@ -126,6 +146,8 @@ class Sequencer:
             chain.head = entry
             self._make_ready(entry, reactivated=reactivated)
         else:
+            if chain.waiting is _NONE:
+                chain.waiting = deque()
             chain.waiting.append(entry)
             self._tally.move(entry, _WAITING)
 
@@ -153,6 +175,8 @@ class Sequencer:
     def take_run(self, chain: Chain, count: int) -> list[Entry]:
         """Up to ``count`` waiting entries to hand out with the head (the caller sends them)."""
         out: list[Entry] = []
+        if chain.run is _NONE and chain.waiting and count > 0:
+            chain.run = deque()
         while len(out) < count and chain.waiting:
             entry = chain.waiting.popleft()
             chain.run.append(entry)
@@ -161,6 +185,8 @@ class Sequencer:
 
     def send_back(self, chain: Chain, entries: list[Entry]) -> None:
         """Run members go back behind the head, in order, to wait for their turn again."""
+        if chain.waiting is _NONE and entries:
+            chain.waiting = deque()
         for entry in reversed(entries):
             chain.run.remove(entry)
             chain.waiting.appendleft(entry)
@@ -169,6 +195,8 @@ class Sequencer:
     def run_member_done(self, chain: Chain, entry: Entry) -> None:
         """A run member (not the head) finished before the head did."""
         chain.run.remove(entry)
+        if not chain.run:
+            chain.run = _NONE
 
     # -- finishing -----------------------------------------------------------------------------
     def head_done(self, chain: Chain) -> None:
@@ -180,9 +208,13 @@ class Sequencer:
         """
         if chain.run:
             chain.head = chain.run.popleft()
+            if not chain.run:
+                chain.run = _NONE
             return
         if chain.waiting:
             nxt = chain.waiting.popleft()
+            if not chain.waiting:
+                chain.waiting = _NONE  # an idle key goes back to the small form
             chain.head = nxt
             self._make_ready(nxt, reactivated=True)
             return
@@ -203,7 +235,7 @@ class Sequencer:
             for entry in chain.waiting:
                 chain.note_parked(entry.message.qid, entry.message.offset)
                 self._tally.move(entry, State.OUT)
-            chain.waiting.clear()
+            chain.waiting = _NONE
             if self._tally.held <= until_held:
                 break
 
@@ -256,7 +288,8 @@ class Sequencer:
                 held: deque[Entry] = getattr(chain, name)
                 gone = [e for e in held if hit(e)]
                 if gone:
-                    setattr(chain, name, deque(e for e in held if not hit(e)))
+                    kept = deque(e for e in held if not hit(e))
+                    setattr(chain, name, kept if kept else _NONE)
                     dropped.extend(gone)
             for qid in qids:
                 chain.parked.pop(qid, None)
