@@ -28,9 +28,8 @@ import logging
 import ssl
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import TYPE_CHECKING, Final, Protocol
 
-import aiohttp
 import anyio
 import orjson
 from anyio.abc import TaskGroup
@@ -42,6 +41,9 @@ from cproxy.model import MessageRef
 
 from .clock import now_ms
 from .message_json import delivery_json
+
+if TYPE_CHECKING:  # imported when a lane starts: most servers push nothing (~6 MiB)
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 
@@ -260,6 +262,8 @@ class _Connections:
     """
 
     def __init__(self, config: PushConfig) -> None:
+        import aiohttp
+
         self._url = config.url
         timeout_s = config.timeout_ms / 1000
         self._timeout_s = timeout_s
@@ -270,6 +274,8 @@ class _Connections:
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> _Connections:
+        import aiohttp
+
         # One TLS context for all connections: building one loads the CA bundle (~40 ms).
         connector = aiohttp.TCPConnector(limit=self._limit, ssl=ssl.create_default_context())
         self._session = aiohttp.ClientSession(
@@ -284,6 +290,8 @@ class _Connections:
 
     async def post(self, body: bytes, headers: Mapping[str, str]) -> int | None:
         """The answer's status; None when ``timeout_ms`` passed; raises ``_Transport``."""
+        import aiohttp
+
         assert self._session is not None, "used outside its context"
         try:
             with anyio.fail_after(self._timeout_s):
