@@ -192,6 +192,34 @@ def test_groups_create_seek_delete(
     assert cli(server, capsys, "groups", "list")["groups"] == []
 
 
+def test_groups_create_with_filter_transform_and_push(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t")
+    created = cli(
+        server, capsys, "groups", "create", "g", "--topic", "t",
+        "--filter", "body.kind == 'keep'", "--transform", "{n: body.n}",
+    )  # fmt: skip
+    entry = created["topics"]["t"]
+    assert (entry["filter"], entry["transform"]) == ("body.kind == 'keep'", "{n: body.n}")
+    cli(server, capsys, "produce", "t", '{"kind": "drop", "n": 1}', "--key", "a")
+    cli(server, capsys, "produce", "t", '{"kind": "keep", "n": 2}', "--key", "a")
+    assert [m["body"] for m in cli(server, capsys, "tail", "g", "--count", "1")] == [{"n": 2}]
+    pushed = cli(
+        server, capsys, "groups", "create", "p", "--topic", "t",
+        "--push-url", "http://127.0.0.1:9/hook", "--push-max-in-flight", "3",
+        "--push-secret", "s3cret",
+    )  # fmt: skip
+    push = pushed["topics"]["t"]["push"]
+    assert (push["url"], push["max_in_flight"], push["secret"]) == (
+        "http://127.0.0.1:9/hook",
+        3,
+        "********",
+    )
+    with pytest.raises(SystemExit, match=r"^cproxy: error: 422 .*filter is not valid JMESPath"):
+        main(["groups", "create", "h", "--topic", "t", "--filter", "body.[", "--url", server.url])
+
+
 def test_blocked_keys_skip_release_and_dead_letters(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -229,6 +257,7 @@ def test_blocked_keys_skip_release_and_dead_letters(
         (["blocked", "skip", "g", "--topic", "t"], "--order-value, or --qid and --offset"),
         (["produce", "t", "{not json"], "body is not valid JSON"),
         (["tail", "g", "--count", "0"], "must be >= 1"),
+        (["groups", "create", "g", "--topic", "t", "--push-secret", "x"], "need(s) --push-url"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(

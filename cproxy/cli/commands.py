@@ -108,10 +108,17 @@ def groups(args: argparse.Namespace, client: Client) -> None:
 def _group_config(args: argparse.Namespace) -> dict[str, Any]:
     if not args.topic:
         raise CommandError("'groups create' needs at least one --topic TOPIC[=ORDER_BY]")
+    per_topic: dict[str, Any] = {}
+    for field in ("filter", "transform"):
+        if getattr(args, field) is not None:
+            per_topic[field] = getattr(args, field)
+    push = _push_config(args)
+    if push is not None:
+        per_topic["push"] = push
     topic_map: dict[str, dict[str, Any]] = {}
     for item in args.topic:
         topic, _, order_by = item.partition("=")
-        topic_map[topic] = {"order_by": order_by or args.order_by}
+        topic_map[topic] = {"order_by": order_by or args.order_by, **per_topic}
     config: dict[str, Any] = {"topics": topic_map}
     if args.retry_backoff_ms is not None:
         try:
@@ -123,6 +130,21 @@ def _group_config(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None:
             config[field] = value
     return config
+
+
+def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The ``push`` entry from the ``--push-*`` flags, or None without ``--push-url``."""
+    extras = {
+        "max_in_flight": args.push_max_in_flight,
+        "timeout_ms": args.push_timeout_ms,
+        "secret": args.push_secret,
+    }
+    if args.push_url is None:
+        given = [f"--push-{k.replace('_', '-')}" for k, v in extras.items() if v is not None]
+        if given:
+            raise CommandError(f"{', '.join(given)} need(s) --push-url")
+        return None
+    return {"url": args.push_url, **{k: v for k, v in extras.items() if v is not None}}
 
 
 def _one_topic(args: argparse.Namespace) -> str:

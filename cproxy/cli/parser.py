@@ -159,6 +159,27 @@ def _groups(sub: Commands) -> None:
         "--on-exhausted", choices=["dead_letter", "block"], help="create (default: dead_letter)"
     )
     p.add_argument("--max-buffered", type=_int_at_least(1), help="create (default: the server's)")
+    p.add_argument(
+        "--filter",
+        metavar="JMESPATH",
+        help="create: deliver only messages for which this expression on {key, headers, body} "
+        "is truthy (every --topic)",
+    )
+    p.add_argument(
+        "--transform", metavar="JMESPATH", help="create: reshape delivered bodies (every --topic)"
+    )
+    p.add_argument(
+        "--push-url", metavar="URL", help="create: the proxy POSTs messages here (every --topic)"
+    )
+    p.add_argument(
+        "--push-max-in-flight", type=_int_at_least(1), help="create: with --push-url (default 64)"
+    )
+    p.add_argument(
+        "--push-timeout-ms", type=_int_at_least(1), help="create: with --push-url (default 10000)"
+    )
+    p.add_argument(
+        "--push-secret", help="create: with --push-url, sign requests (X-Cproxy-Signature)"
+    )
     p.add_argument("--to", help="seek: earliest, latest or an offset (or use --timestamp-ms)")
     p.add_argument(
         "--timestamp-ms", type=_int_at_least(0), help="seek: a Unix time in ms (default: use --to)"
