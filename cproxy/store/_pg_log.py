@@ -23,27 +23,26 @@ from cproxy.store._common import (
 )
 from cproxy.store._pg_base import Conn, PgBase
 from cproxy.store._pg_sql import (
+    INSERT_BATCHES,
     INSERT_DEDUP,
-    INSERT_MESSAGES,
     LOCK_IDS,
     LOCK_QUEUES,
+    READ_BATCHES,
+    READ_FROM_FLOOR,
+    SEEK_TIME,
     UPDATE_QUEUES,
 )
+from cproxy.store._records import batches, decode, first_at, sizes
 from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
 
 #: Prune expired dedup entries after this many new ones (per store), amortising the DELETE.
 PRUNE_EVERY = 10_000
-#: Offsets deleted per retention transaction.
+#: Offsets deleted per retention transaction (whole record batches only).
 DELETE_BATCH = 2000
 
 _TOPIC_COLUMNS = "tid, name, queues, retention_ms, retention_bytes"
-_SIZES = (
-    "SELECT off, octet_length(body) + coalesce(octet_length(headers), 0)"
-    " + coalesce(octet_length(key), 0) + coalesce(octet_length(id), 0) FROM messages"
-    " WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4 ORDER BY off"
-)
 
 
 def id_lock_key(msg_id: str) -> int:
@@ -122,7 +121,7 @@ class PgLog(PgBase):
             if tid is None:
                 self._topics.pop(name, None)
                 raise topic_not_found(name)
-            for table in ("progress", "dead_letters", "dedup", "messages", "queues", "topics"):
+            for table in ("progress", "dead_letters", "dedup", "batches", "queues", "topics"):
                 await conn.execute(f"DELETE FROM {table} WHERE tid = $1", tid)
         entry = self._topics.pop(name, None)
         for qid in range(entry[1] if entry else 0):
@@ -172,8 +171,11 @@ class PgLog(PgBase):
 
     async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
         async with self._conn() as conn:
-            rows = await conn.fetch(_SIZES, tid, qid, lo, hi)
-        return [(off, size) for off, size in rows]
+            rows = await conn.fetch(READ_BATCHES, tid, qid, lo, hi)
+        out: list[tuple[int, int]] = []
+        for base, blob in rows:
+            out += sizes(base, blob, lo, hi)
+        return out
 
     async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> int:
         """Delete ``[floor, cut)`` in batches, raising ``min_offset`` with each; the new min."""
@@ -189,11 +191,12 @@ class PgLog(PgBase):
                     qid,
                     hi,
                 )
+                # Whole batches only: one the cut goes through stays, below the new floor.
                 await conn.execute(
-                    "DELETE FROM messages WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4",
+                    "DELETE FROM batches WHERE tid = $1 AND qid = $2 AND base < $3"
+                    " AND next_off <= $3",
                     tid,
                     qid,
-                    lo,
                     hi,
                 )
         return int(low)
@@ -235,8 +238,9 @@ class PgLog(PgBase):
                     for qid, nxt, last in await conn.fetch(LOCK_QUEUES, tid, touched)
                 }
                 out = plan(topic, tid, messages, qids, now_ms, dedup, known, tails.__getitem__)
-                if out.rows:
-                    await conn.execute(INSERT_MESSAGES, tid, *columns(out.rows)[1:])
+                if out.stored:
+                    # One row per queue of this call (record batches, ``_records``).
+                    await conn.execute(INSERT_BATCHES, tid, *columns(batches(out.stored)))
                     tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
                     await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
                 if out.dedup_rows:
@@ -262,18 +266,12 @@ class PgLog(PgBase):
             check_qid(topic, qid, queues)
             if max_count <= 0:
                 return []
-            rows = await conn.fetch(
-                "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
-                " WHERE tid = $1 AND qid = $2 AND off >= $3 ORDER BY off LIMIT $4",
-                tid,
-                qid,
-                max(from_offset, 0),
-                max_count,
-            )
-        return [
-            Message(topic, qid, off, key, body, headers, msg_id, ts)
-            for off, ts, key, msg_id, headers, body in rows
-        ]
+            rows = await conn.fetch(READ_FROM_FLOOR, tid, qid, from_offset, max_count)
+        out: list[Message] = []
+        for start, base, blob in rows:
+            if base is not None:
+                out += decode(topic, qid, base, blob, start, start + max_count)
+        return out
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         async with self._conn() as conn:
@@ -290,19 +288,9 @@ class PgLog(PgBase):
             lo, hi, last = row
             if lo >= hi or last < timestamp_ms:
                 return int(hi)
-            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets:
-            # a handful of primary-key lookups instead of an index on time.
-            while lo < hi:
-                mid = (lo + hi) // 2
-                ts = await conn.fetchval(
-                    "SELECT produced_at_ms FROM messages WHERE tid = $1 AND qid = $2 AND off = $3",
-                    tid,
-                    qid,
-                    mid,
-                )
-                # Gone: retention deleted it since, so it was older than anything kept.
-                if ts is None or ts < timestamp_ms:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return int(lo)
+            # produced_at_ms is non-decreasing per queue (appends clamp it), and so is each
+            # batch's last_ts: the first batch whose last_ts reaches the time holds the answer.
+            found = await conn.fetchrow(SEEK_TIME, tid, qid, timestamp_ms)
+        if found is None:
+            return int(hi)
+        return max(first_at(found[0], found[1], timestamp_ms), int(lo))

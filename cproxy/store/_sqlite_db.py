@@ -18,6 +18,7 @@ from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
+from cproxy.store._records import group_rows
 from cproxy.store._sqlite_writer import Writer, as_store_error
 
 if sys.platform != "win32":
@@ -29,7 +30,8 @@ T = TypeVar("T")
 
 #: 2: topic retention (``topics.retention_ms``/``retention_bytes``), queue floors (``floors``),
 #: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
-SCHEMA_VERSION = 2
+#: 3: record batches (``batches``, one row per queue and produce call) replace ``messages``.
+SCHEMA_VERSION = 3
 
 # 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
 # so 4 KiB pages would push every 1 KB message into an extra page.
@@ -52,6 +54,37 @@ _V2_TABLES = (
     "CREATE TABLE deleted_topics (tid INTEGER PRIMARY KEY)",
 )
 
+#: Tables added by schema version 3: record batches (``_records``). A rowid table, not
+#: WITHOUT ROWID: a batch of 100 messages is kilobytes, and rows that large belong in a table
+#: b-tree (an index b-tree spills anything above ~1/4 page to overflow pages). The primary key
+#: is its (unique) index: a read is one range scan of it. ``batches_by_time`` answers seek by
+#: time in one lookup (``last_ts`` is non-decreasing along a queue).
+_V3_TABLES = (
+    """CREATE TABLE batches (
+        tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,
+        next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
+        nbytes INTEGER NOT NULL, records BLOB NOT NULL,
+        PRIMARY KEY (tid, qid, base))""",
+    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts)",
+)
+
+#: The batches holding offsets ``?3 <= off < ?4`` of queue (?1, ?2), in offset order: from the
+#: one holding ``?3`` (the last starting at or below it; ``?3`` itself when none does), up to
+#: the last one starting below ``?4``. Two seeks of the primary key, then one range scan.
+READ_BATCHES = (
+    "SELECT base, records FROM batches WHERE tid = ?1 AND qid = ?2 AND base < ?4"
+    " AND base >= coalesce((SELECT base FROM batches WHERE tid = ?1 AND qid = ?2"
+    " AND base <= ?3 ORDER BY base DESC LIMIT 1), ?3) ORDER BY base"
+)
+
+#: Most records one migrated batch holds (old rows of contiguous offsets are grouped).
+MIGRATED_BATCH = 100
+
+INSERT_BATCH = (
+    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, nbytes, records)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+
 _TABLES = (
     "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID",
     """CREATE TABLE topics (
@@ -60,12 +93,6 @@ _TABLES = (
         queues INTEGER NOT NULL,
         retention_ms INTEGER,
         retention_bytes INTEGER)""",
-    # Keyed (tid, qid, off) without rowid: a read is one range scan of the clustered b-tree.
-    """CREATE TABLE messages (
-        tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
-        produced_at_ms INTEGER NOT NULL,
-        key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL,
-        PRIMARY KEY (tid, qid, off)) WITHOUT ROWID""",
     """CREATE TABLE dedup (
         tid INTEGER NOT NULL, id TEXT NOT NULL,
         qid INTEGER NOT NULL, off INTEGER NOT NULL, produced_at_ms INTEGER NOT NULL,
@@ -83,15 +110,47 @@ _TABLES = (
         redriving INTEGER NOT NULL,
         PRIMARY KEY (grp, tid, qid, off)) WITHOUT ROWID""",
     *_V2_TABLES,
+    *_V3_TABLES,
 )
 
-#: version -> statements that take a file from ``version - 1`` to ``version``.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+
+def _messages_to_batches(conn: sqlite3.Connection) -> None:
+    """Schema 3: move every message of the v2 ``messages`` table into batches, then drop it.
+
+    Streams the old rows in key order and groups runs of contiguous offsets of one queue
+    (``_records.group_rows``), so nothing is held in memory but one batch.
+    """
+    for statement in _V3_TABLES:
+        conn.execute(statement)
+    old = conn.execute(
+        "SELECT tid, qid, off, key, body, headers, id, produced_at_ms FROM messages"
+        " ORDER BY tid, qid, off"
+    )
+    rows = (
+        (tid, Message("", qid, off, key, bytes(body), _blob(headers), msg_id, ts))
+        for tid, qid, off, key, body, headers, msg_id, ts in old
+    )
+    moved = 0
+    for tid, b in group_rows(rows, MIGRATED_BATCH):
+        conn.execute(INSERT_BATCH, (tid, *b))
+        moved += b.next_off - b.base
+    conn.execute("DROP TABLE messages")
+    logger.info("moved %d messages into record batches", moved)
+
+
+def _blob(value: bytes | None) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+#: version -> steps (SQL, or a function of the connection) that take a file from
+#: ``version - 1`` to ``version``; all of them run in one transaction.
+MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = {
     2: (
         "ALTER TABLE topics ADD COLUMN retention_ms INTEGER",
         "ALTER TABLE topics ADD COLUMN retention_bytes INTEGER",
         *_V2_TABLES,
     ),
+    3: (_messages_to_batches,),
 }
 
 
@@ -176,8 +235,11 @@ def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 if target not in MIGRATIONS:
                     raise StoreError(f"{path} has schema version {version}, which has no migration")
-                for statement in MIGRATIONS[target]:
-                    conn.execute(statement)
+                for step in MIGRATIONS[target]:
+                    if isinstance(step, str):
+                        conn.execute(step)
+                    else:
+                        step(conn)
                 conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(target),))
                 logger.info("migrated SQLite store %s to schema v%d", path, target)
         conn.execute("COMMIT")

@@ -42,9 +42,12 @@ from cproxy.model import (
 )
 from cproxy.store._append_plan import plan
 from cproxy.store._common import check_qid, message_qids
+from cproxy.store._records import batches, decode
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
+    INSERT_BATCH,
+    READ_BATCHES,
     SYNCHRONOUS,
     Database,
     DirLock,
@@ -139,11 +142,8 @@ class SqliteStore(SqliteTopics):
             known,
             lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
         )
-        conn.executemany(
-            "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            out.rows,
-        )
+        # One row per queue of this call (record batches, ``_records``).
+        conn.executemany(INSERT_BATCH, [(tid, *b) for b in batches(out.stored)])
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
 
         def stage() -> None:
@@ -161,20 +161,18 @@ class SqliteStore(SqliteTopics):
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
         tid, queues = self._topic(topic)
         check_qid(topic, qid, queues)
-        start = max(from_offset, 0)
+        # From the floor on: a batch retention cut through may still hold records below it.
+        start = max(from_offset, self._min[tid][qid])
         # The cached tail is authoritative, so reading past it needs no trip to the database.
         if max_count <= 0 or start >= self._next[tid][qid]:
             return []
+        stop = start + max_count
 
         def run(conn: sqlite3.Connection) -> list[Message]:
-            return [
-                Message(topic, qid, off, key, body, headers, msg_id, ts)
-                for off, ts, key, msg_id, headers, body in conn.execute(
-                    "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
-                    " WHERE tid = ? AND qid = ? AND off >= ? ORDER BY off LIMIT ?",
-                    (tid, qid, start, max_count),
-                )
-            ]
+            out: list[Message] = []
+            for base, blob in conn.execute(READ_BATCHES, (tid, qid, start, stop)):
+                out += decode(topic, qid, base, blob, start, stop)
+            return out
 
         return await self._db.read(run)
 

@@ -1,0 +1,155 @@
+"""Record batches: how the SQLite and PostgreSQL stores keep messages on disk.
+
+A produce call becomes one row per (queue, call): a *batch* holding the call's messages for
+that queue at the contiguous offsets ``base .. next_off - 1``. The row keeps what queries need
+without decoding (``base``, ``next_off``, the first and last ``produced_at_ms``, the retention
+bytes of its records) and the records themselves in one blob, encoded with MessagePack
+(``msgspec``): a list with one array per message holding the fields of ``RECORD_FIELDS`` in
+that order. Bodies and headers are already-encoded JSON bytes and are stored as MessagePack
+binaries, never decoded or re-encoded. The offset of a record is implied by its position.
+
+Adding a per-message field to ``Message`` is a change of ``RECORD_FIELDS`` alone (one line):
+records written before the field existed are shorter arrays, and decode with the field's
+dataclass default (so a new field needs one, e.g. ``deliver_at_ms: int | None = None``).
+
+Reads return whole batches sliced to the asked range (``decode``); retention cuts whole
+batches, and a batch it cuts through stays until its last record is past the queue's floor
+(the floor, not the rows, decides ``min_offset`` and where reads start).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import fields
+from typing import Any, NamedTuple
+
+import msgspec
+
+from cproxy.model import Message
+from cproxy.store._retention import message_bytes
+
+#: The per-message fields a record stores, in ``Message`` field order after ``offset`` (the
+#: order ``Message(topic, qid, offset, *record)`` takes them). THE line to change when a
+#: per-message field is added to ``Message`` (see the module docstring).
+RECORD_FIELDS: tuple[str, ...] = ("key", "body_json", "headers_json", "id", "produced_at_ms")
+
+_MESSAGE_FIELDS = tuple(f.name for f in fields(Message))
+if _MESSAGE_FIELDS[3 : 3 + len(RECORD_FIELDS)] != RECORD_FIELDS or set(_MESSAGE_FIELDS[3:]) != set(
+    RECORD_FIELDS
+):
+    # Loud at import: a field stored nowhere would be lost at the first restart.
+    raise RuntimeError(
+        f"store._records.RECORD_FIELDS {RECORD_FIELDS} must list Message's fields after "
+        f"'offset' in order, {_MESSAGE_FIELDS[3:]}"
+    )
+
+_record = operator.attrgetter(*RECORD_FIELDS)
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder().decode
+_KEY, _BODY, _HEADERS, _ID, _TS = (
+    RECORD_FIELDS.index(f) for f in ("key", "body_json", "headers_json", "id", "produced_at_ms")
+)
+
+
+class Batch(NamedTuple):
+    """One row of the batch table (without tid, in column order): records at the offsets
+    ``base .. next_off - 1``, produced at ``first_ts .. last_ts``, weighing ``nbytes`` for
+    ``retention_bytes``."""
+
+    qid: int
+    base: int
+    next_off: int
+    first_ts: int
+    last_ts: int
+    nbytes: int
+    records: bytes
+
+
+def encode(messages: Sequence[Message]) -> bytes:
+    """The records blob of ``messages`` (one queue, contiguous offsets)."""
+    return _encode([_record(m) for m in messages])
+
+
+def batch(messages: Sequence[Message]) -> Batch:
+    """The row of one (queue, call): ``messages`` are that call's stored messages of one
+    queue, in offset order (contiguous: duplicates take no offset)."""
+    first, last = messages[0], messages[-1]
+    size = sum(message_bytes(m.body_json, m.headers_json, m.key, m.id) for m in messages)
+    return Batch(
+        first.qid,
+        first.offset,
+        last.offset + 1,
+        first.produced_at_ms,
+        last.produced_at_ms,
+        size,
+        encode(messages),
+    )
+
+
+def batches(stored: Iterable[Message]) -> list[Batch]:
+    """One ``Batch`` per queue of an append's stored messages (in input order)."""
+    by_qid: dict[int, list[Message]] = {}
+    for m in stored:
+        group = by_qid.get(m.qid)
+        if group is None:
+            by_qid[m.qid] = [m]
+        else:
+            group.append(m)
+    return [batch(group) for group in by_qid.values()]
+
+
+def records(blob: bytes) -> list[Any]:
+    """The records of a blob: one list of ``RECORD_FIELDS`` values per message."""
+    out: list[Any] = _decode(blob)
+    return out
+
+
+def decode(topic: str, qid: int, base: int, blob: bytes, start: int, stop: int) -> list[Message]:
+    """The messages of one batch with ``start <= offset < stop``, in offset order."""
+    recs = records(blob)
+    lo, hi = max(start - base, 0), max(min(stop - base, len(recs)), 0)
+    return [Message(topic, qid, base + i, *recs[i]) for i in range(lo, hi)]
+
+
+def sizes(base: int, blob: bytes, start: int, stop: int) -> list[tuple[int, int]]:
+    """(offset, retention bytes) of the records with ``start <= offset < stop``."""
+    out = []
+    for i, r in enumerate(records(blob)):
+        off = base + i
+        if start <= off < stop:
+            out.append((off, message_bytes(r[_BODY], r[_HEADERS], r[_KEY], r[_ID])))
+    return out
+
+
+def first_at(base: int, blob: bytes, timestamp_ms: int) -> int:
+    """The offset of the first record produced at or after ``timestamp_ms`` (the batch's
+    ``next_off`` if none is)."""
+    recs = records(blob)
+    for i, r in enumerate(recs):
+        if r[_TS] >= timestamp_ms:
+            return base + i
+    return base + len(recs)
+
+
+def group_rows(
+    rows: Iterable[tuple[int, Message]], max_records: int
+) -> Iterable[tuple[int, Batch]]:
+    """(tid, batch) rows from (tid, message) rows in (tid, qid, offset) order: one batch per
+    run of contiguous offsets of one queue, at most ``max_records`` each. For migrating a log
+    kept one row per message."""
+    run: list[Message] = []
+    run_tid = -1
+    for tid, m in rows:
+        if run and (
+            tid != run_tid
+            or m.qid != run[-1].qid
+            or m.offset != run[-1].offset + 1
+            or len(run) >= max_records
+        ):
+            yield run_tid, batch(run)
+            run = []
+        run_tid = tid
+        run.append(m)
+    if run:
+        yield run_tid, batch(run)
