@@ -20,8 +20,8 @@ Stored = tuple[int, int, int]
 class Plan:
     """What one append writes, and what it returns."""
 
-    #: The messages this append stores, in input order (``_records.batches`` rows them).
-    stored: list[Message] = field(default_factory=list)
+    #: The messages this append stores, by qid, in offset order (one record batch each).
+    stored: dict[int, list[Message]] = field(default_factory=dict)
     dedup_rows: list[tuple[int, str, int, int, int]] = field(default_factory=list)
     results: list[AppendResult] = field(default_factory=list)
     #: qid -> (next offset, last produced_at_ms) once this append is in.
@@ -63,6 +63,10 @@ def plan(
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
         message = Message(topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts)
-        out.stored.append(message)
+        group = out.stored.get(qid)
+        if group is None:
+            out.stored[qid] = [message]
+        else:
+            group.append(message)
         out.results.append(AppendResult(qid, off, False, ts, message))
     return out

@@ -32,7 +32,7 @@ from cproxy.store._pg_sql import (
     SEEK_TIME,
     UPDATE_QUEUES,
 )
-from cproxy.store._records import batches, decode, first_at, sizes
+from cproxy.store._records import batch, decode, first_at, sizes
 from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
@@ -240,7 +240,9 @@ class PgLog(PgBase):
                 out = plan(topic, tid, messages, qids, now_ms, dedup, known, tails.__getitem__)
                 if out.stored:
                     # One row per queue of this call (record batches, ``_records``).
-                    await conn.execute(INSERT_BATCHES, tid, *columns(batches(out.stored)))
+                    await conn.execute(
+                        INSERT_BATCHES, tid, *columns([batch(ms) for ms in out.stored.values()])
+                    )
                     tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
                     await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
                 if out.dedup_rows:

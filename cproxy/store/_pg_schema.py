@@ -39,7 +39,7 @@ V3_TABLES = (
     """CREATE TABLE batches (
         tid integer NOT NULL, qid integer NOT NULL, base bigint NOT NULL,
         next_off bigint NOT NULL, first_ts bigint NOT NULL, last_ts bigint NOT NULL,
-        nbytes bigint NOT NULL, records bytea NOT NULL,
+        records bytea NOT NULL,
         PRIMARY KEY (tid, qid, base))""",
     "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts)",
 )

@@ -19,9 +19,9 @@ LOCK_QUEUES = (
 
 #: Record batches (``_records.Batch`` columns after the tid), one array per column.
 INSERT_BATCHES = (
-    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, nbytes, records)"
+    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, records)"
     " SELECT $1, u.* FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[],"
-    " $6::bigint[], $7::bigint[], $8::bytea[]) AS u"
+    " $6::bigint[], $7::bytea[]) AS u"
 )
 
 #: The batches holding offsets ``$3 <= off < $4`` of queue ($1, $2), in offset order: from

@@ -63,7 +63,7 @@ _V3_TABLES = (
     """CREATE TABLE batches (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,
         next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
-        nbytes INTEGER NOT NULL, records BLOB NOT NULL,
+        records BLOB NOT NULL,
         PRIMARY KEY (tid, qid, base))""",
     "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts)",
 )
@@ -81,8 +81,8 @@ READ_BATCHES = (
 MIGRATED_BATCH = 100
 
 INSERT_BATCH = (
-    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, nbytes, records)"
-    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, records)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
 _TABLES = (

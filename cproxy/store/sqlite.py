@@ -42,7 +42,7 @@ from cproxy.model import (
 )
 from cproxy.store._append_plan import plan
 from cproxy.store._common import check_qid, message_qids
-from cproxy.store._records import batches, decode
+from cproxy.store._records import batch, decode
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
@@ -143,7 +143,7 @@ class SqliteStore(SqliteTopics):
             lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
         )
         # One row per queue of this call (record batches, ``_records``).
-        conn.executemany(INSERT_BATCH, [(tid, *b) for b in batches(out.stored)])
+        conn.executemany(INSERT_BATCH, [(tid, *b) for b in map(batch, out.stored.values())])
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
 
         def stage() -> None:
