@@ -41,7 +41,7 @@ V3_TABLES = (
         next_off bigint NOT NULL, first_ts bigint NOT NULL, last_ts bigint NOT NULL,
         records bytea NOT NULL,
         PRIMARY KEY (tid, qid, base))""",
-    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts)",
+    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts, base)",
 )
 
 

@@ -65,7 +65,7 @@ _V3_TABLES = (
         next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
         records BLOB NOT NULL,
         PRIMARY KEY (tid, qid, base))""",
-    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts)",
+    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts, base)",
 )
 
 #: The batches holding offsets ``?3 <= off < ?4`` of queue (?1, ?2), in offset order: from the

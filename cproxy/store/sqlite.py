@@ -1,5 +1,9 @@
 """The embedded default store: one SQLite file, ``<data_dir>/cproxy.db``, in WAL mode.
 
+Messages are kept as record batches (``_records``): an append writes one ``batches`` row per
+queue it touches, and a read decodes the batches holding its range (``_sqlite_db`` has the
+tables).
+
 Durability: every write is committed before the call returns, so a 200 from the produce call
 means the messages are in the database. Writes that arrive while the writer is busy share one
 transaction (group commit, see ``_sqlite_writer``), each in its own savepoint so that one
