@@ -23,16 +23,16 @@ from cproxy.store._common import (
 )
 from cproxy.store._pg_base import Conn, PgBase
 from cproxy.store._pg_sql import (
+    BATCH_AT,
     INSERT_BATCHES,
     INSERT_DEDUP,
     LOCK_IDS,
     LOCK_QUEUES,
     READ_BATCHES,
     READ_FROM_FLOOR,
-    SEEK_TIME,
     UPDATE_QUEUES,
 )
-from cproxy.store._records import batch, decode, first_at, sizes
+from cproxy.store._records import batch, decode, first_at, narrow, sizes
 from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
@@ -172,10 +172,7 @@ class PgLog(PgBase):
     async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
         async with self._conn() as conn:
             rows = await conn.fetch(READ_BATCHES, tid, qid, lo, hi)
-        out: list[tuple[int, int]] = []
-        for base, blob in rows:
-            out += sizes(base, blob, lo, hi)
-        return out
+        return sizes([(base, nxt, blob) for base, nxt, blob in rows], lo, hi)
 
     async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> int:
         """Delete ``[floor, cut)`` in batches, raising ``min_offset`` with each; the new min."""
@@ -269,11 +266,11 @@ class PgLog(PgBase):
             if max_count <= 0:
                 return []
             rows = await conn.fetch(READ_FROM_FLOOR, tid, qid, from_offset, max_count)
-        out: list[Message] = []
-        for start, base, blob in rows:
-            if base is not None:
-                out += decode(topic, qid, base, blob, start, start + max_count)
-        return out
+        if not rows or rows[0][1] is None:
+            return []
+        start = rows[0][0]
+        batches = [(base, nxt, blob) for _, base, nxt, blob in rows]
+        return decode(topic, qid, batches, start, start + max_count)
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         async with self._conn() as conn:
@@ -290,9 +287,15 @@ class PgLog(PgBase):
             lo, hi, last = row
             if lo >= hi or last < timestamp_ms:
                 return int(hi)
-            # produced_at_ms is non-decreasing per queue (appends clamp it), and so is each
-            # batch's last_ts: the first batch whose last_ts reaches the time holds the answer.
-            found = await conn.fetchrow(SEEK_TIME, tid, qid, timestamp_ms)
-        if found is None:
-            return int(hi)
-        return max(first_at(found[0], found[1], timestamp_ms), int(lo))
+            # produced_at_ms is non-decreasing per queue (appends clamp it): bisect offsets,
+            # one batch per probe (``_records.narrow``), a primary-key lookup each.
+            low, high = int(lo), int(hi)
+            while low < high:
+                mid = (low + high) // 2
+                row = await conn.fetchrow(BATCH_AT, tid, qid, mid)
+                head = None if row is None else (row[0], row[1], row[2], row[3], row[4])
+                low, high, inside = narrow(low, high, mid, head, timestamp_ms)
+                if head is not None and inside:
+                    low = first_at(head, timestamp_ms)
+                    break
+        return max(low, int(lo))

@@ -33,15 +33,13 @@ MIGRATED_BATCH = 100
 MIGRATE_CHUNK = 10_000
 
 #: Tables of schema version 3: record batches (``_records``), one row per queue and produce
-#: call, keyed by (tid, qid, base). ``batches_by_time`` answers seek by time in one lookup
-#: (``last_ts`` is non-decreasing along a queue).
+#: call, keyed by (tid, qid, base); no second index (seek by time bisects this key).
 V3_TABLES = (
     """CREATE TABLE batches (
         tid integer NOT NULL, qid integer NOT NULL, base bigint NOT NULL,
         next_off bigint NOT NULL, first_ts bigint NOT NULL, last_ts bigint NOT NULL,
         records bytea NOT NULL,
         PRIMARY KEY (tid, qid, base))""",
-    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts, base)",
 )
 
 

@@ -28,7 +28,7 @@ INSERT_BATCHES = (
 #: the one holding ``$3`` (the last starting at or below it; ``$3`` itself when none does) up
 #: to the last one starting below ``$4``.
 READ_BATCHES = (
-    "SELECT base, records FROM batches WHERE tid = $1 AND qid = $2 AND base < $4"
+    "SELECT base, next_off, records FROM batches WHERE tid = $1 AND qid = $2 AND base < $4"
     " AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = $2"
     " AND base <= $3 ORDER BY base DESC LIMIT 1), $3) ORDER BY base"
 )
@@ -37,20 +37,21 @@ READ_BATCHES = (
 #: hold records below it) with each batch holding offsets ``start <= off < start + $4``;
 #: one row with a NULL base when there is none. One statement, so one snapshot.
 READ_FROM_FLOOR = (
-    "SELECT q.start, b.base, b.records FROM"
+    "SELECT q.start, b.base, b.next_off, b.records FROM"
     " (SELECT greatest($3::bigint, min_offset) AS start FROM queues"
     "  WHERE tid = $1 AND qid = $2) AS q"
-    " LEFT JOIN LATERAL (SELECT base, records FROM batches"
+    " LEFT JOIN LATERAL (SELECT base, next_off, records FROM batches"
     "  WHERE tid = $1 AND qid = $2 AND base < q.start + $4"
     "  AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = $2"
     "  AND base <= q.start ORDER BY base DESC LIMIT 1), q.start)"
     "  ORDER BY base) AS b ON true"
 )
 
-#: The first batch of a queue whose last record was produced at or after ``$3``.
-SEEK_TIME = (
-    "SELECT base, records FROM batches WHERE tid = $1 AND qid = $2 AND last_ts >= $3"
-    " ORDER BY last_ts, base LIMIT 1"
+#: The batch holding offset ``$3`` of queue ($1, $2), if any: the last one starting at or
+#: below it (``_records.Head``; the caller checks ``next_off``).
+BATCH_AT = (
+    "SELECT base, next_off, first_ts, last_ts, records FROM batches"
+    " WHERE tid = $1 AND qid = $2 AND base <= $3 ORDER BY base DESC LIMIT 1"
 )
 
 UPDATE_QUEUES = (

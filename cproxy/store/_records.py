@@ -3,10 +3,12 @@
 A produce call becomes one row per (queue, call): a *batch* holding the call's messages for
 that queue at the contiguous offsets ``base .. next_off - 1``. The row keeps what queries need
 without decoding (``base``, ``next_off``, the first and last ``produced_at_ms``) and the
-records themselves in one blob, encoded with MessagePack
-(``msgspec``): a list with one array per message holding the fields of ``RECORD_FIELDS`` in
-that order. Bodies and headers are already-encoded JSON bytes and are stored as MessagePack
-binaries, never decoded or re-encoded. The offset of a record is implied by its position.
+records themselves in one blob, encoded with MessagePack (``msgspec``): one array per message
+holding the fields of ``RECORD_FIELDS`` in that order, one after the other, without the header
+of an outer array. So the blobs of consecutive batches joined behind one array header (of
+their ``next_off - base`` summed) are one MessagePack array, and a read of many small batches
+decodes them with one call. Bodies and headers are already-encoded JSON bytes, stored as
+MessagePack binaries, never decoded or re-encoded. A record's offset is its position.
 
 Adding a per-message field to ``Message`` is a change of ``RECORD_FIELDS`` alone (one line):
 records written before the field existed are shorter arrays, and decode with the field's
@@ -68,19 +70,28 @@ def batch(messages: Sequence[Message]) -> Batch:
     """The row of one (queue, call): ``messages`` are that call's stored messages of one
     queue, in offset order (contiguous: duplicates take no offset)."""
     first, last = messages[0], messages[-1]
+    n = len(messages)
+    # The encoder writes the shortest array header; the records follow it.
+    header = 1 if n < 16 else 3 if n < 1 << 16 else 5
     return Batch(
         first.qid,
         first.offset,
         last.offset + 1,
         first.produced_at_ms,
         last.produced_at_ms,
-        _encode([_record(m) for m in messages]),
+        _encode([_record(m) for m in messages])[header:],
     )
 
 
-def records(blob: bytes) -> list[Any]:
-    """The records of a blob: one list of ``RECORD_FIELDS`` values per message."""
-    out: list[Any] = _decode(blob)
+def _array(count: int) -> bytes:
+    """A MessagePack array32 header (valid for any count, if not the shortest)."""
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
+def records(count: int, *blobs: bytes) -> list[Any]:
+    """The ``count`` records of ``blobs`` (consecutive batches), one list of
+    ``RECORD_FIELDS`` values each."""
+    out: list[Any] = _decode(b"".join([_array(count), *blobs]))
     return out
 
 
@@ -106,36 +117,84 @@ def _unpacking_builder() -> Callable[[str, int, int, list[Any]], list[Message]]:
 _build = _unpacking_builder()
 
 
-def decode(topic: str, qid: int, base: int, blob: bytes, start: int, stop: int) -> list[Message]:
-    """The messages of one batch with ``start <= offset < stop``, in offset order."""
-    recs = records(blob)
-    lo, hi = max(start - base, 0), max(min(stop - base, len(recs)), 0)
-    if lo >= hi:
-        return []
-    if len(recs[lo]) == len(RECORD_FIELDS):
-        return _build(topic, qid, base + lo, recs[lo:hi] if lo or hi < len(recs) else recs)
-    # Written before a field was added: shorter records, the missing fields take defaults.
-    return [Message(topic, qid, base + i, *recs[i]) for i in range(lo, hi)]
+#: A batch row as reads see it: (base, next_off, records).
+Row = tuple[int, int, bytes]
 
 
-def sizes(base: int, blob: bytes, start: int, stop: int) -> list[tuple[int, int]]:
-    """(offset, retention bytes) of the records with ``start <= offset < stop``."""
-    out = []
-    for i, r in enumerate(records(blob)):
-        off = base + i
-        if start <= off < stop:
-            out.append((off, message_bytes(r[_BODY], r[_HEADERS], r[_KEY], r[_ID])))
+def decode(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Message]:
+    """The messages with ``start <= offset < stop`` of ``rows`` (batches of one queue in
+    offset order), in offset order. Each run of contiguous batches (normally all of them)
+    is decoded with one call."""
+    out: list[Message] = []
+    run_start = 0
+    for i in range(1, len(rows) + 1):
+        if i == len(rows) or rows[i][0] != rows[i - 1][1]:
+            out += _decode_run(topic, qid, rows[run_start:i], start, stop)
+            run_start = i
     return out
 
 
-def first_at(base: int, blob: bytes, timestamp_ms: int) -> int:
-    """The offset of the first record produced at or after ``timestamp_ms`` (the batch's
-    ``next_off`` if none is)."""
-    recs = records(blob)
-    for i, r in enumerate(recs):
+def _decode_run(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Message]:
+    first, end = rows[0][0], rows[-1][1]
+    lo, hi = max(start, first) - first, min(stop, end) - first
+    if lo >= hi:
+        return []
+    recs = records(end - first, *[r[2] for r in rows])
+    if lo or hi < len(recs):
+        recs = recs[lo:hi]
+    try:
+        return _build(topic, qid, first + lo, recs)
+    except ValueError:
+        # A record written before a field was added is shorter: the missing fields take
+        # their defaults.
+        return [Message(topic, qid, first + lo + i, *r) for i, r in enumerate(recs)]
+
+
+def sizes(rows: Sequence[Row], start: int, stop: int) -> list[tuple[int, int]]:
+    """(offset, retention bytes) of the records of ``rows`` with ``start <= offset < stop``."""
+    out = []
+    for base, next_off, blob in rows:
+        for i, r in enumerate(records(next_off - base, blob)):
+            off = base + i
+            if start <= off < stop:
+                out.append((off, message_bytes(r[_BODY], r[_HEADERS], r[_KEY], r[_ID])))
+    return out
+
+
+#: A batch row as seek by time looks at it: (base, next_off, first_ts, last_ts, records).
+Head = tuple[int, int, int, int, bytes]
+
+
+def narrow(
+    low: int, high: int, mid: int, head: Head | None, timestamp_ms: int
+) -> tuple[int, int, bool]:
+    """One step of seek by time, shared by the stores that keep batches.
+
+    They bisect the offsets ``[low, high)`` for the first one produced at or after
+    ``timestamp_ms`` (``produced_at_ms`` is non-decreasing along a queue), probing the batch
+    that holds ``mid``: ``head`` is the last batch starting at or below ``mid``, or None.
+    Returns the narrowed ``(low, high)`` and whether the answer lies inside ``head`` (then
+    ``first_at`` on it gives the answer). No batch holding ``mid`` means retention deleted it
+    since: it was older than anything kept.
+    """
+    if head is None or head[1] <= mid:
+        return mid + 1, high, False
+    base, next_off, first_ts, last_ts, _ = head
+    if last_ts < timestamp_ms:
+        return next_off, high, False
+    if first_ts >= timestamp_ms:
+        return low, max(low, min(high, base)), False
+    return low, high, True
+
+
+def first_at(head: Head, timestamp_ms: int) -> int:
+    """The offset of the first record of a batch produced at or after ``timestamp_ms`` (the
+    batch's ``next_off`` if none is)."""
+    base, next_off, _, _, blob = head
+    for i, r in enumerate(records(next_off - base, blob)):
         if r[_TS] >= timestamp_ms:
             return base + i
-    return base + len(recs)
+    return next_off
 
 
 def group_rows(

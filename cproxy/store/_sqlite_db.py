@@ -54,27 +54,32 @@ _V2_TABLES = (
     "CREATE TABLE deleted_topics (tid INTEGER PRIMARY KEY)",
 )
 
-#: Tables added by schema version 3: record batches (``_records``). A rowid table, not
-#: WITHOUT ROWID: a batch of 100 messages is kilobytes, and rows that large belong in a table
-#: b-tree (an index b-tree spills anything above ~1/4 page to overflow pages). The primary key
-#: is its (unique) index: a read is one range scan of it. ``batches_by_time`` answers seek by
-#: time in one lookup (``last_ts`` is non-decreasing along a queue).
+#: Tables added by schema version 3: record batches (``_records``), keyed (tid, qid, base)
+#: without rowid, so an append writes one b-tree entry per queue it touches (no second index:
+#: seek by time bisects this key) and a read is one range scan of it. A batch larger than
+#: ~1/4 page continues on overflow pages, written and read in sequence with it.
 _V3_TABLES = (
     """CREATE TABLE batches (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,
         next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
         records BLOB NOT NULL,
-        PRIMARY KEY (tid, qid, base))""",
-    "CREATE INDEX batches_by_time ON batches (tid, qid, last_ts, base)",
+        PRIMARY KEY (tid, qid, base)) WITHOUT ROWID""",
 )
 
 #: The batches holding offsets ``?3 <= off < ?4`` of queue (?1, ?2), in offset order: from the
 #: one holding ``?3`` (the last starting at or below it; ``?3`` itself when none does), up to
 #: the last one starting below ``?4``. Two seeks of the primary key, then one range scan.
 READ_BATCHES = (
-    "SELECT base, records FROM batches WHERE tid = ?1 AND qid = ?2 AND base < ?4"
+    "SELECT base, next_off, records FROM batches WHERE tid = ?1 AND qid = ?2 AND base < ?4"
     " AND base >= coalesce((SELECT base FROM batches WHERE tid = ?1 AND qid = ?2"
     " AND base <= ?3 ORDER BY base DESC LIMIT 1), ?3) ORDER BY base"
+)
+
+#: The batch holding offset ``?3`` of queue (?1, ?2), if any: the last one starting at or
+#: below it (``_records.Head``; the caller checks ``next_off``).
+BATCH_AT = (
+    "SELECT base, next_off, first_ts, last_ts, records FROM batches"
+    " WHERE tid = ? AND qid = ? AND base <= ? ORDER BY base DESC LIMIT 1"
 )
 
 #: Most records one migrated batch holds (old rows of contiguous offsets are grouped).

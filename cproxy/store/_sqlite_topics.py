@@ -31,9 +31,9 @@ import anyio
 from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import QueueStats, TopicInfo
 from cproxy.store._common import check_qid, check_queues, topic_not_found
-from cproxy.store._records import first_at, sizes
+from cproxy.store._records import first_at, narrow, sizes
 from cproxy.store._retention import ByteCounter, check_retention, queue_cut
-from cproxy.store._sqlite_db import READ_BATCHES, Database
+from cproxy.store._sqlite_db import BATCH_AT, READ_BATCHES, Database
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +43,9 @@ DELETE_BATCH = 2000
 VACUUM_PAGES = 512
 
 #: Batch rows deleted per write when a deleted topic's batches are purged.
-PURGE_BATCH = 200
+PURGE_BATCH = 50
 
 Bounds = tuple[int | None, int | None]
-
-#: The first batch of a queue whose last record was produced at or after the time.
-SEEK_TIME = (
-    "SELECT base, records FROM batches WHERE tid = ? AND qid = ? AND last_ts >= ?"
-    " ORDER BY last_ts, base LIMIT 1"
-)
 
 
 class SqliteTopics:
@@ -236,11 +230,17 @@ class SqliteTopics:
             return hi
 
         def run(conn: sqlite3.Connection) -> int:
-            # produced_at_ms is non-decreasing per queue (appends clamp it), and so is each
-            # batch's last_ts: the first batch whose last_ts reaches the time holds the answer.
-            row = conn.execute(SEEK_TIME, (tid, qid, timestamp_ms)).fetchone()
-            found = hi if row is None else first_at(row[0], row[1], timestamp_ms)
-            return max(found, self._min[tid][qid])
+            # produced_at_ms is non-decreasing per queue (appends clamp it): bisect offsets,
+            # one batch per probe (``_records.narrow``).
+            low, high = lo, hi
+            while low < high:
+                mid = (low + high) // 2
+                head = conn.execute(BATCH_AT, (tid, qid, mid)).fetchone()
+                low, high, inside = narrow(low, high, mid, head, timestamp_ms)
+                if inside:
+                    low = first_at(head, timestamp_ms)
+                    break
+            return max(low, self._min[tid][qid])
 
         return await self._db.read(run)
 
@@ -274,10 +274,7 @@ class SqliteTopics:
 
     async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
         def run(conn: sqlite3.Connection) -> list[tuple[int, int]]:
-            out: list[tuple[int, int]] = []
-            for base, blob in conn.execute(READ_BATCHES, (tid, qid, lo, hi)):
-                out += sizes(base, blob, lo, hi)
-            return out
+            return sizes(conn.execute(READ_BATCHES, (tid, qid, lo, hi)).fetchall(), lo, hi)
 
         return await self._db.read(run)
 
@@ -320,7 +317,8 @@ def _vacuum_step(conn: sqlite3.Connection) -> bool:
 def _purge_batch(tid: int, conn: sqlite3.Connection) -> int:
     """Delete up to ``PURGE_BATCH`` batch rows of a deleted topic; how many went."""
     cur = conn.execute(
-        "DELETE FROM batches WHERE rowid IN (SELECT rowid FROM batches WHERE tid = ? LIMIT ?)",
+        "DELETE FROM batches WHERE (tid, qid, base) IN"
+        " (SELECT tid, qid, base FROM batches WHERE tid = ? LIMIT ?)",
         (tid, PURGE_BATCH),
     )
     return cur.rowcount

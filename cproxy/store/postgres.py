@@ -14,7 +14,7 @@ Schema (version 3; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records 
   ``(tid, qid, base)``: record batches (``_records``), one row per queue and produce call
   holding its messages at offsets ``base .. next_off - 1`` in one MessagePack blob. A read is
   one range scan of that index from the batch holding its first offset, sliced to the range;
-  ``batches_by_time (tid, qid, last_ts, base)`` answers seek by time with one lookup.
+  seek by time bisects the offsets, one primary-key lookup per probe.
   Retention deletes whole batches and raises ``queues.min_offset`` to the exact cut; reads
   start there.
 - ``dedup (tid, id, qid, off, produced_at_ms)``, primary key ``(tid, id)``: the newest stored

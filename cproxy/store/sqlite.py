@@ -173,10 +173,8 @@ class SqliteStore(SqliteTopics):
         stop = start + max_count
 
         def run(conn: sqlite3.Connection) -> list[Message]:
-            out: list[Message] = []
-            for base, blob in conn.execute(READ_BATCHES, (tid, qid, start, stop)):
-                out += decode(topic, qid, base, blob, start, stop)
-            return out
+            rows = conn.execute(READ_BATCHES, (tid, qid, start, stop)).fetchall()
+            return decode(topic, qid, rows, start, stop)
 
         return await self._db.read(run)
 

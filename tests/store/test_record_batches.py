@@ -38,9 +38,20 @@ def test_a_record_keeps_every_field_of_a_message() -> None:
     ]
     row = _records.batch(stored)
     assert (row.qid, row.base, row.next_off, row.first_ts, row.last_ts) == (3, 10, 13, T0, T0 + 2)
-    assert _records.decode("t", 3, row.base, row.records, 0, 100) == stored
-    assert _records.decode("t", 3, row.base, row.records, 11, 12) == stored[1:2]
-    assert _records.decode("t", 3, row.base, row.records, 13, 20) == []
+    rows = [(row.base, row.next_off, row.records)]
+    assert _records.decode("t", 3, rows, 0, 100) == stored
+    assert _records.decode("t", 3, rows, 11, 12) == stored[1:2]
+    assert _records.decode("t", 3, rows, 13, 20) == []
+    # Consecutive batches decode as one run; a gap between them splits it.
+    more = [Message("t", 3, off, None, b"{}", None, None, T0 + 3) for off in (13, 14, 20)]
+    second, third = _records.batch(more[:2]), _records.batch(more[2:])
+    rows += [
+        (second.base, second.next_off, second.records),
+        (third.base, third.next_off, third.records),
+    ]
+    assert _records.decode("t", 3, rows, 0, 100) == [*stored, *more]
+    assert _records.decode("t", 3, rows, 12, 20) == [stored[2], *more[:2]]
+    assert _records.decode("t", 3, rows, 14, 21) == more[1:]
     # Every per-message field of ``Message`` is in a record (topic, qid, offset are the row's).
     per_message = [f.name for f in fields(Message)][3:]
     assert list(_records.RECORD_FIELDS) == per_message
