@@ -11,7 +11,7 @@ batches go: a batch the cut goes through stays until a later cut passes its end,
 start at the floor, so to callers the cut is exact to the message. Then it gives the freed
 pages back to the file system with ``PRAGMA incremental_vacuum`` (the file is created with
 ``auto_vacuum = INCREMENTAL``; a file from before is converted once when opened, see
-``_sqlite_db``), again in bounded steps.
+``_sqlite_schema``), again in bounded steps.
 
 Deleting a topic first removes its row and everything small that names it in one transaction,
 and records its tid in ``deleted_topics``; its batches are then deleted, ``PURGE_BATCH`` rows
@@ -33,7 +33,8 @@ from cproxy.model import QueueStats, TopicInfo
 from cproxy.store._common import check_qid, check_queues, topic_not_found
 from cproxy.store._records import first_at, narrow, sizes
 from cproxy.store._retention import ByteCounter, check_retention, queue_cut
-from cproxy.store._sqlite_db import BATCH_AT, READ_BATCHES, Database
+from cproxy.store._sqlite_db import Database
+from cproxy.store._sqlite_schema import BATCH_AT, READ_BATCHES
 
 logger = logging.getLogger(__name__)
 

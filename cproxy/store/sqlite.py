@@ -1,7 +1,7 @@
 """The embedded default store: one SQLite file, ``<data_dir>/cproxy.db``, in WAL mode.
 
 Messages are kept as record batches (``_records``): an append writes one ``batches`` row per
-queue it touches, and a read decodes the batches holding its range (``_sqlite_db`` has the
+queue it touches, and a read decodes the batches holding its range (``_sqlite_schema`` has the
 tables).
 
 Durability: every write is committed before the call returns, so a 200 from the produce call
@@ -50,14 +50,13 @@ from cproxy.store._records import batch, decode
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
-    INSERT_BATCH,
-    READ_BATCHES,
     SYNCHRONOUS,
     Database,
     DirLock,
     dead_letter,
     dead_letter_row,
 )
+from cproxy.store._sqlite_schema import INSERT_BATCH, READ_BATCHES
 from cproxy.store._sqlite_topics import SqliteTopics
 
 __all__ = ["SqliteStore"]
