@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from cproxy.model import AppendResult, Message, NewMessage
 
@@ -21,7 +20,8 @@ Stored = tuple[int, int, int]
 class Plan:
     """What one append writes, and what it returns."""
 
-    rows: list[tuple[Any, ...]] = field(default_factory=list)  # ``messages`` columns
+    #: The messages this append stores, by qid, in offset order (one record batch each).
+    stored: dict[int, list[Message]] = field(default_factory=dict)
     dedup_rows: list[tuple[int, str, int, int, int]] = field(default_factory=list)
     results: list[AppendResult] = field(default_factory=list)
     #: qid -> (next offset, last produced_at_ms) once this append is in.
@@ -59,10 +59,14 @@ def plan(
         else:
             off, ts = current
         out.tails[qid] = (off + 1, ts)
-        out.rows.append((tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json))
         if dedup and m.id is not None:
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
         message = Message(topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts)
+        group = out.stored.get(qid)
+        if group is None:
+            out.stored[qid] = [message]
+        else:
+            group.append(message)
         out.results.append(AppendResult(qid, off, False, ts, message))
     return out

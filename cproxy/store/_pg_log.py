@@ -23,27 +23,26 @@ from cproxy.store._common import (
 )
 from cproxy.store._pg_base import Conn, PgBase
 from cproxy.store._pg_sql import (
+    BATCH_AT,
+    INSERT_BATCHES,
     INSERT_DEDUP,
-    INSERT_MESSAGES,
     LOCK_IDS,
     LOCK_QUEUES,
+    READ_BATCHES,
+    READ_FROM_FLOOR,
     UPDATE_QUEUES,
 )
+from cproxy.store._records import batch, decode, first_at, narrow, sizes
 from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
 
 #: Prune expired dedup entries after this many new ones (per store), amortising the DELETE.
 PRUNE_EVERY = 10_000
-#: Offsets deleted per retention transaction.
+#: Offsets deleted per retention transaction (whole record batches only).
 DELETE_BATCH = 2000
 
 _TOPIC_COLUMNS = "tid, name, queues, retention_ms, retention_bytes"
-_SIZES = (
-    "SELECT off, octet_length(body) + coalesce(octet_length(headers), 0)"
-    " + coalesce(octet_length(key), 0) + coalesce(octet_length(id), 0) FROM messages"
-    " WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4 ORDER BY off"
-)
 
 
 def id_lock_key(msg_id: str) -> int:
@@ -122,7 +121,7 @@ class PgLog(PgBase):
             if tid is None:
                 self._topics.pop(name, None)
                 raise topic_not_found(name)
-            for table in ("progress", "dead_letters", "dedup", "messages", "queues", "topics"):
+            for table in ("progress", "dead_letters", "dedup", "batches", "queues", "topics"):
                 await conn.execute(f"DELETE FROM {table} WHERE tid = $1", tid)
         entry = self._topics.pop(name, None)
         for qid in range(entry[1] if entry else 0):
@@ -172,8 +171,8 @@ class PgLog(PgBase):
 
     async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
         async with self._conn() as conn:
-            rows = await conn.fetch(_SIZES, tid, qid, lo, hi)
-        return [(off, size) for off, size in rows]
+            rows = await conn.fetch(READ_BATCHES, tid, qid, lo, hi)
+        return sizes([(base, nxt, blob) for base, nxt, blob in rows], lo, hi)
 
     async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> int:
         """Delete ``[floor, cut)`` in batches, raising ``min_offset`` with each; the new min."""
@@ -189,11 +188,12 @@ class PgLog(PgBase):
                     qid,
                     hi,
                 )
+                # Whole batches only: one the cut goes through stays, below the new floor.
                 await conn.execute(
-                    "DELETE FROM messages WHERE tid = $1 AND qid = $2 AND off >= $3 AND off < $4",
+                    "DELETE FROM batches WHERE tid = $1 AND qid = $2 AND base < $3"
+                    " AND next_off <= $3",
                     tid,
                     qid,
-                    lo,
                     hi,
                 )
         return int(low)
@@ -235,8 +235,11 @@ class PgLog(PgBase):
                     for qid, nxt, last in await conn.fetch(LOCK_QUEUES, tid, touched)
                 }
                 out = plan(topic, tid, messages, qids, now_ms, dedup, known, tails.__getitem__)
-                if out.rows:
-                    await conn.execute(INSERT_MESSAGES, tid, *columns(out.rows)[1:])
+                if out.stored:
+                    # One row per queue of this call (record batches, ``_records``).
+                    await conn.execute(
+                        INSERT_BATCHES, tid, *columns([batch(ms) for ms in out.stored.values()])
+                    )
                     tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
                     await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
                 if out.dedup_rows:
@@ -262,18 +265,12 @@ class PgLog(PgBase):
             check_qid(topic, qid, queues)
             if max_count <= 0:
                 return []
-            rows = await conn.fetch(
-                "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
-                " WHERE tid = $1 AND qid = $2 AND off >= $3 ORDER BY off LIMIT $4",
-                tid,
-                qid,
-                max(from_offset, 0),
-                max_count,
-            )
-        return [
-            Message(topic, qid, off, key, body, headers, msg_id, ts)
-            for off, ts, key, msg_id, headers, body in rows
-        ]
+            rows = await conn.fetch(READ_FROM_FLOOR, tid, qid, from_offset, max_count)
+        if not rows or rows[0][1] is None:
+            return []
+        start = rows[0][0]
+        batches = [(base, nxt, blob) for _, base, nxt, blob in rows]
+        return decode(topic, qid, batches, start, start + max_count)
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         async with self._conn() as conn:
@@ -290,19 +287,15 @@ class PgLog(PgBase):
             lo, hi, last = row
             if lo >= hi or last < timestamp_ms:
                 return int(hi)
-            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets:
-            # a handful of primary-key lookups instead of an index on time.
-            while lo < hi:
-                mid = (lo + hi) // 2
-                ts = await conn.fetchval(
-                    "SELECT produced_at_ms FROM messages WHERE tid = $1 AND qid = $2 AND off = $3",
-                    tid,
-                    qid,
-                    mid,
-                )
-                # Gone: retention deleted it since, so it was older than anything kept.
-                if ts is None or ts < timestamp_ms:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            return int(lo)
+            # produced_at_ms is non-decreasing per queue (appends clamp it): bisect offsets,
+            # one batch per probe (``_records.narrow``), a primary-key lookup each.
+            low, high = int(lo), int(hi)
+            while low < high:
+                mid = (low + high) // 2
+                row = await conn.fetchrow(BATCH_AT, tid, qid, mid)
+                head = None if row is None else (row[0], row[1], row[2], row[3], row[4])
+                low, high, inside = narrow(low, high, mid, head, timestamp_ms)
+                if head is not None and inside:
+                    low = first_at(head, timestamp_ms)
+                    break
+        return max(low, int(lo))

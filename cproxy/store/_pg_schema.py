@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import asyncpg
 
 from cproxy.errors import StoreError
+from cproxy.model import Message
+from cproxy.store._pg_sql import INSERT_BATCHES
+from cproxy.store._records import group_rows
 
 if TYPE_CHECKING:
     from cproxy.store._pg_base import Conn
@@ -20,16 +24,70 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: Bumped by every change of the tables. A later version adds a migration from the one before
-#: to ``MIGRATIONS`` (e.g. version 2: one row per produce call, "record batches").
-SCHEMA_VERSION = 2
+#: to ``MIGRATIONS``.
+SCHEMA_VERSION = 3
 
-#: version -> statements that take a database from ``version - 1`` to ``version``.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
+#: Most records one migrated batch holds (old rows of contiguous offsets are grouped).
+MIGRATED_BATCH = 100
+#: Old rows read per query while migrating.
+MIGRATE_CHUNK = 10_000
+
+#: Tables of schema version 3: record batches (``_records``), one row per queue and produce
+#: call, keyed by (tid, qid, base); no second index (seek by time bisects this key).
+V3_TABLES = (
+    """CREATE TABLE batches (
+        tid integer NOT NULL, qid integer NOT NULL, base bigint NOT NULL,
+        next_off bigint NOT NULL, first_ts bigint NOT NULL, last_ts bigint NOT NULL,
+        records bytea NOT NULL,
+        PRIMARY KEY (tid, qid, base))""",
+)
+
+
+async def _messages_to_batches(conn: Conn) -> None:
+    """Schema 3: move every message of the v2 ``messages`` table into batches, then drop it.
+
+    Queue by queue, ``MIGRATE_CHUNK`` rows at a time, runs of contiguous offsets grouped into
+    batches of at most ``MIGRATED_BATCH`` (``_records.group_rows``).
+    """
+    for statement in V3_TABLES:
+        await conn.execute(statement)
+    moved = 0
+    for tid, qid in await conn.fetch("SELECT tid, qid FROM queues ORDER BY tid, qid"):
+        after = -1
+        while True:
+            rows = await conn.fetch(
+                "SELECT off, key, body, headers, id, produced_at_ms FROM messages"
+                " WHERE tid = $1 AND qid = $2 AND off > $3 ORDER BY off LIMIT $4",
+                tid,
+                qid,
+                after,
+                MIGRATE_CHUNK,
+            )
+            if not rows:
+                break
+            after = rows[-1][0]
+            grouped = [
+                b
+                for _, b in group_rows(
+                    ((tid, Message("", qid, *row)) for row in rows), MIGRATED_BATCH
+                )
+            ]
+            await conn.execute(INSERT_BATCHES, tid, *(list(c) for c in zip(*grouped, strict=True)))
+            moved += len(rows)
+    await conn.execute("DROP TABLE messages")
+    logger.info("moved %d messages into record batches", moved)
+
+
+#: version -> steps (SQL, or a coroutine function of the connection) that take a database from
+#: ``version - 1`` to ``version``; all of them run in one transaction.
+MIGRATIONS: dict[int, tuple[str | Callable[[Conn], Awaitable[None]], ...]] = {
     # 2: topic retention bounds, and each queue's lowest kept offset.
     2: (
         "ALTER TABLE topics ADD COLUMN retention_ms bigint, ADD COLUMN retention_bytes bigint",
         "ALTER TABLE queues ADD COLUMN min_offset bigint NOT NULL DEFAULT 0",
     ),
+    # 3: record batches replace the one-row-per-message table.
+    3: (_messages_to_batches,),
 }
 
 #: Any fixed number: the transaction-level advisory lock that serialises schema creation
@@ -52,11 +110,7 @@ TABLES = (
         last_produced_at_ms bigint NOT NULL DEFAULT 0,
         min_offset bigint NOT NULL DEFAULT 0,
         PRIMARY KEY (tid, qid))""",
-    """CREATE TABLE messages (
-        tid integer NOT NULL, qid integer NOT NULL, off bigint NOT NULL,
-        produced_at_ms bigint NOT NULL,
-        key text, id text, headers bytea, body bytea NOT NULL,
-        PRIMARY KEY (tid, qid, off))""",
+    *V3_TABLES,
     # The produce-dedup index on (topic, id): the newest stored copy of each id.
     """CREATE TABLE dedup (
         tid integer NOT NULL, id text NOT NULL,
@@ -117,8 +171,11 @@ async def ensure_schema(conn: Conn) -> None:
         for target in range(version + 1, SCHEMA_VERSION + 1):
             if target not in MIGRATIONS:
                 raise StoreError(f"the database has schema version {version}, with no migration")
-            for statement in MIGRATIONS[target]:
-                await conn.execute(statement)
+            for step in MIGRATIONS[target]:
+                if isinstance(step, str):
+                    await conn.execute(step)
+                else:
+                    await step(conn)
             await conn.execute(
                 "UPDATE cproxy_meta SET v = $1 WHERE k = 'schema_version'", str(target)
             )

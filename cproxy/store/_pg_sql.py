@@ -17,10 +17,41 @@ LOCK_QUEUES = (
     " WHERE tid = $1 AND qid = ANY($2::int[]) ORDER BY qid FOR UPDATE"
 )
 
-INSERT_MESSAGES = (
-    "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
-    " SELECT $1, u.* FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],"
-    " $7::bytea[], $8::bytea[]) AS u"
+#: Record batches (``_records.Batch`` columns after the tid), one array per column.
+INSERT_BATCHES = (
+    "INSERT INTO batches (tid, qid, base, next_off, first_ts, last_ts, records)"
+    " SELECT $1, u.* FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::bigint[],"
+    " $6::bigint[], $7::bytea[]) AS u"
+)
+
+#: The batches holding offsets ``$3 <= off < $4`` of queue ($1, $2), in offset order: from
+#: the one holding ``$3`` (the last starting at or below it; ``$3`` itself when none does) up
+#: to the last one starting below ``$4``.
+READ_BATCHES = (
+    "SELECT base, next_off, records FROM batches WHERE tid = $1 AND qid = $2 AND base < $4"
+    " AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = $2"
+    " AND base <= $3 ORDER BY base DESC LIMIT 1), $3) ORDER BY base"
+)
+
+#: A read: the start (``$3``, raised to the queue's floor: a batch retention cut through may
+#: hold records below it) with each batch holding offsets ``start <= off < start + $4``;
+#: one row with a NULL base when there is none. One statement, so one snapshot.
+READ_FROM_FLOOR = (
+    "SELECT q.start, b.base, b.next_off, b.records FROM"
+    " (SELECT greatest($3::bigint, min_offset) AS start FROM queues"
+    "  WHERE tid = $1 AND qid = $2) AS q"
+    " LEFT JOIN LATERAL (SELECT base, next_off, records FROM batches"
+    "  WHERE tid = $1 AND qid = $2 AND base < q.start + $4"
+    "  AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = $2"
+    "  AND base <= q.start ORDER BY base DESC LIMIT 1), q.start)"
+    "  ORDER BY base) AS b ON true"
+)
+
+#: The batch holding offset ``$3`` of queue ($1, $2), if any: the last one starting at or
+#: below it (``_records.Head``; the caller checks ``next_off``).
+BATCH_AT = (
+    "SELECT base, next_off, first_ts, last_ts, records FROM batches"
+    " WHERE tid = $1 AND qid = $2 AND base <= $3 ORDER BY base DESC LIMIT 1"
 )
 
 UPDATE_QUEUES = (

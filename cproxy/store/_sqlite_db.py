@@ -1,6 +1,7 @@
-"""The SQLite store's plumbing: schema, connections, the data-dir lock, threads, transactions.
+"""The SQLite store's plumbing: connections, the data-dir lock, threads, transactions.
 
-Kept apart from ``sqlite.py`` so that module reads as store logic only.
+Kept apart from ``sqlite.py`` so that module reads as store logic only; the tables and their
+migrations are in ``_sqlite_schema``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
+from cproxy.store._sqlite_schema import ensure_schema
 from cproxy.store._sqlite_writer import Writer, as_store_error
 
 if sys.platform != "win32":
@@ -26,10 +28,6 @@ if sys.platform != "win32":
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-#: 2: topic retention (``topics.retention_ms``/``retention_bytes``), queue floors (``floors``),
-#: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
-SCHEMA_VERSION = 2
 
 # 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
 # so 4 KiB pages would push every 1 KB message into an extra page.
@@ -40,60 +38,6 @@ MMAP_BYTES = 256 * 1024 * 1024
 WAL_SIZE_LIMIT = 64 * 1024 * 1024
 
 SYNCHRONOUS = ("off", "normal", "full", "extra")
-
-#: Tables added by schema version 2.
-_V2_TABLES = (
-    # The lowest offset kept of a queue that retention cut (absent: 0). It also keeps
-    # next offsets after a queue was emptied: the next offset is never below it.
-    """CREATE TABLE floors (
-        tid INTEGER NOT NULL, qid INTEGER NOT NULL, min_off INTEGER NOT NULL,
-        PRIMARY KEY (tid, qid)) WITHOUT ROWID""",
-    # Topics deleted whose messages may not all be deleted yet (``_sqlite_topics``).
-    "CREATE TABLE deleted_topics (tid INTEGER PRIMARY KEY)",
-)
-
-_TABLES = (
-    "CREATE TABLE meta (k TEXT PRIMARY KEY, v TEXT NOT NULL) WITHOUT ROWID",
-    """CREATE TABLE topics (
-        tid INTEGER PRIMARY KEY,
-        name TEXT NOT NULL UNIQUE,
-        queues INTEGER NOT NULL,
-        retention_ms INTEGER,
-        retention_bytes INTEGER)""",
-    # Keyed (tid, qid, off) without rowid: a read is one range scan of the clustered b-tree.
-    """CREATE TABLE messages (
-        tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
-        produced_at_ms INTEGER NOT NULL,
-        key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL,
-        PRIMARY KEY (tid, qid, off)) WITHOUT ROWID""",
-    """CREATE TABLE dedup (
-        tid INTEGER NOT NULL, id TEXT NOT NULL,
-        qid INTEGER NOT NULL, off INTEGER NOT NULL, produced_at_ms INTEGER NOT NULL,
-        PRIMARY KEY (tid, id)) WITHOUT ROWID""",
-    "CREATE INDEX dedup_by_time ON dedup (produced_at_ms)",
-    "CREATE TABLE groups (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID",
-    """CREATE TABLE progress (
-        grp TEXT NOT NULL, tid INTEGER NOT NULL, qid INTEGER NOT NULL,
-        committed INTEGER NOT NULL, finished TEXT NOT NULL,
-        PRIMARY KEY (grp, tid, qid)) WITHOUT ROWID""",
-    """CREATE TABLE dead_letters (
-        grp TEXT NOT NULL, tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
-        key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL, produced_at_ms INTEGER NOT NULL,
-        attempts INTEGER NOT NULL, last_error TEXT, dead_lettered_at_ms INTEGER NOT NULL,
-        redriving INTEGER NOT NULL,
-        PRIMARY KEY (grp, tid, qid, off)) WITHOUT ROWID""",
-    *_V2_TABLES,
-)
-
-#: version -> statements that take a file from ``version - 1`` to ``version``.
-MIGRATIONS: dict[int, tuple[str, ...]] = {
-    2: (
-        "ALTER TABLE topics ADD COLUMN retention_ms INTEGER",
-        "ALTER TABLE topics ADD COLUMN retention_bytes INTEGER",
-        *_V2_TABLES,
-    ),
-}
-
 
 DEAD_LETTER_SELECT = """
     SELECT t.name, d.qid, d.off, d.key, d.body, d.headers, d.id, d.produced_at_ms,
@@ -144,54 +88,6 @@ def connect(
         conn.close()
         raise
     return conn
-
-
-def ensure_schema(conn: sqlite3.Connection, path: Path) -> None:
-    """Create the schema in a new file, migrate an older one, refuse a newer one.
-
-    New files get ``auto_vacuum = INCREMENTAL`` (set by ``connect``: it only takes effect on an
-    empty file), so retention can give space back; an older file is converted once with a
-    ``VACUUM`` (which rewrites the whole file: it takes time and needs as much free disk again).
-    """
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        has_meta = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
-        ).fetchone()
-        if has_meta is None:
-            for statement in _TABLES:
-                conn.execute(statement)
-            conn.execute(
-                "INSERT INTO meta (k, v) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
-            )
-            logger.info("created SQLite store schema v%d in %s", SCHEMA_VERSION, path)
-        else:
-            row = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-            version = int(row[0]) if row is not None else 0
-            if version > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{path} has schema version {version}, newer than version {SCHEMA_VERSION} "
-                    "that this cproxy understands; upgrade cproxy to open it"
-                )
-            for target in range(version + 1, SCHEMA_VERSION + 1):
-                if target not in MIGRATIONS:
-                    raise StoreError(f"{path} has schema version {version}, which has no migration")
-                for statement in MIGRATIONS[target]:
-                    conn.execute(statement)
-                conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(target),))
-                logger.info("migrated SQLite store %s to schema v%d", path, target)
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
-        logger.warning(
-            "converting %s to incremental auto-vacuum (one VACUUM; can take a while)", path
-        )
-        started = time.monotonic()
-        conn.execute("VACUUM")
-        logger.info("converted %s in %.1fs", path, time.monotonic() - started)
 
 
 class DirLock:

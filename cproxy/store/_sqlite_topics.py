@@ -3,16 +3,19 @@
 A mixin of ``sqlite.SqliteStore`` (which owns the caches and the ``Database``), kept apart so
 that module stays about messages and groups.
 
-Retention deletes the oldest messages of a queue in batches of ``DELETE_BATCH`` offsets, each
-its own short write (so produce calls queued behind it wait for one batch, not the whole cut),
-and records the queue's new floor (``floors`` table) in the same transaction, so ``min_offset``
-and the messages never disagree, even after a crash. Then it gives the freed pages back to the
-file system with ``PRAGMA incremental_vacuum`` (the file is created with ``auto_vacuum =
-INCREMENTAL``; a file from before is converted once when opened, see ``_sqlite_db``), again in
-bounded steps.
+Retention deletes the oldest record batches (``_records``) of a queue, ``DELETE_BATCH`` offsets
+per write, each its own short transaction (so produce calls queued behind it wait for one
+write, not the whole cut), and records the queue's new floor (``floors`` table) in the same
+transaction, so ``min_offset`` and the messages never disagree, even after a crash. Only whole
+batches go: a batch the cut goes through stays until a later cut passes its end, and reads
+start at the floor, so to callers the cut is exact to the message. Then it gives the freed
+pages back to the file system with ``PRAGMA incremental_vacuum`` (the file is created with
+``auto_vacuum = INCREMENTAL``; a file from before is converted once when opened, see
+``_sqlite_schema``), again in bounded steps.
 
 Deleting a topic first removes its row and everything small that names it in one transaction,
-and records its tid in ``deleted_topics``; its messages are then deleted in batches. If the
+and records its tid in ``deleted_topics``; its batches are then deleted, ``PURGE_BATCH`` rows
+per write. If the
 process stops half way, the next ``open`` finishes the job. A new topic never takes the tid of
 one whose messages may still be there.
 """
@@ -28,21 +31,20 @@ import anyio
 from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import QueueStats, TopicInfo
 from cproxy.store._common import check_qid, check_queues, topic_not_found
+from cproxy.store._records import first_at, narrow, sizes
 from cproxy.store._retention import ByteCounter, check_retention, queue_cut
 from cproxy.store._sqlite_db import Database
+from cproxy.store._sqlite_schema import BATCH_AT, READ_BATCHES
 
 logger = logging.getLogger(__name__)
 
-#: Offsets deleted per retention write (one short transaction each).
+#: Offsets deleted per retention write (one short transaction each; whole batches only).
 DELETE_BATCH = 2000
 #: Pages handed back to the file system per write by ``PRAGMA incremental_vacuum``.
 VACUUM_PAGES = 512
 
-_SIZES = (
-    "SELECT off, length(body) + ifnull(length(headers), 0) + ifnull(length(CAST(key AS BLOB)), 0)"
-    " + ifnull(length(CAST(id AS BLOB)), 0) FROM messages"
-    " WHERE tid = ? AND qid = ? AND off >= ? AND off < ? ORDER BY off"
-)
+#: Batch rows deleted per write when a deleted topic's batches are purged.
+PURGE_BATCH = 50
 
 Bounds = tuple[int | None, int | None]
 
@@ -83,12 +85,13 @@ class SqliteTopics:
                 mins[qid] = nexts[qid] = floors.get((tid, qid), 0)
                 # One b-tree descent per queue, instead of a GROUP BY over the whole log.
                 row = conn.execute(
-                    "SELECT off, produced_at_ms FROM messages WHERE tid = ? AND qid = ?"
-                    " ORDER BY off DESC LIMIT 1",
+                    "SELECT next_off, last_ts FROM batches WHERE tid = ? AND qid = ?"
+                    " ORDER BY base DESC LIMIT 1",
                     (tid, qid),
                 ).fetchone()
                 if row is not None:
-                    nexts[qid], lasts[qid] = row[0] + 1, row[1]
+                    # A batch cut through by retention ends above the floor.
+                    nexts[qid], lasts[qid] = max(row[0], nexts[qid]), row[1]
 
     def _add_topic(self, tid: int, name: str, queues: int, bounds: Bounds) -> None:
         self._next[tid] = [0] * queues
@@ -228,19 +231,16 @@ class SqliteTopics:
             return hi
 
         def run(conn: sqlite3.Connection) -> int:
-            # produced_at_ms is non-decreasing per queue (appends clamp it), so bisect offsets.
+            # produced_at_ms is non-decreasing per queue (appends clamp it): bisect offsets,
+            # one batch per probe (``_records.narrow``).
             low, high = lo, hi
             while low < high:
                 mid = (low + high) // 2
-                row = conn.execute(
-                    "SELECT produced_at_ms FROM messages WHERE tid = ? AND qid = ? AND off = ?",
-                    (tid, qid, mid),
-                ).fetchone()
-                # Gone: retention deleted it since, so it was older than anything kept.
-                if row is None or row[0] < timestamp_ms:
-                    low = mid + 1
-                else:
-                    high = mid
+                head = conn.execute(BATCH_AT, (tid, qid, mid)).fetchone()
+                low, high, inside = narrow(low, high, mid, head, timestamp_ms)
+                if inside:
+                    low = first_at(head, timestamp_ms)
+                    break
             return max(low, self._min[tid][qid])
 
         return await self._db.read(run)
@@ -274,19 +274,21 @@ class SqliteTopics:
         return moved
 
     async def _sizes(self, tid: int, qid: int, lo: int, hi: int) -> list[tuple[int, int]]:
-        return await self._db.read(
-            lambda conn: [(o, s) for o, s in conn.execute(_SIZES, (tid, qid, lo, hi))]
-        )
+        def run(conn: sqlite3.Connection) -> list[tuple[int, int]]:
+            return sizes(conn.execute(READ_BATCHES, (tid, qid, lo, hi)).fetchall(), lo, hi)
+
+        return await self._db.read(run)
 
     async def _cut(self, tid: int, qid: int, floor: int, cut: int) -> None:
         mins = self._min[tid]
         for lo in range(floor, cut, DELETE_BATCH):
             hi = min(cut, lo + DELETE_BATCH)
 
-            def tx(conn: sqlite3.Connection, lo: int = lo, hi: int = hi) -> None:
+            def tx(conn: sqlite3.Connection, hi: int = hi) -> None:
+                # Whole batches only: one the cut goes through stays, below the new floor.
                 conn.execute(
-                    "DELETE FROM messages WHERE tid = ? AND qid = ? AND off >= ? AND off < ?",
-                    (tid, qid, lo, hi),
+                    "DELETE FROM batches WHERE tid = ? AND qid = ? AND base < ? AND next_off <= ?",
+                    (tid, qid, hi, hi),
                 )
                 conn.execute(
                     "INSERT OR REPLACE INTO floors (tid, qid, min_off) VALUES (?, ?, ?)",
@@ -314,11 +316,11 @@ def _vacuum_step(conn: sqlite3.Connection) -> bool:
 
 
 def _purge_batch(tid: int, conn: sqlite3.Connection) -> int:
-    """Delete up to ``DELETE_BATCH`` messages of a deleted topic; how many went."""
+    """Delete up to ``PURGE_BATCH`` batch rows of a deleted topic; how many went."""
     cur = conn.execute(
-        "DELETE FROM messages WHERE (tid, qid, off) IN"
-        " (SELECT tid, qid, off FROM messages WHERE tid = ? LIMIT ?)",
-        (tid, DELETE_BATCH),
+        "DELETE FROM batches WHERE (tid, qid, base) IN"
+        " (SELECT tid, qid, base FROM batches WHERE tid = ? LIMIT ?)",
+        (tid, PURGE_BATCH),
     )
     return cur.rowcount
 

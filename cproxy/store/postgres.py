@@ -4,15 +4,19 @@ Install with the ``postgres`` extra (``pip install 'cproxy-ordered[postgres]'``)
 ``PostgresStore(dsn)`` is a full ``Store`` (both the ``MessageLog`` and the ``GroupStateStore``
 protocols of ``base.py``) and keeps the same rules as the SQLite and memory stores.
 
-Schema (version 2; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
+Schema (version 3; ``_pg_schema.py`` has the DDL, a ``cproxy_meta`` row records the version and
 ``_pg_schema.MIGRATIONS`` holds the migration from each version to the next):
 
 - ``topics (tid, name, queues, retention_ms, retention_bytes)`` and ``queues (tid, qid,
   next_offset, last_produced_at_ms, min_offset)``: one row per queue holds its offset counter,
   the last ``produced_at_ms`` (for clamping) and the lowest offset retention kept.
-- ``messages (tid, qid, off, produced_at_ms, key, id, headers, body)``, primary key
-  ``(tid, qid, off)``: a read is one range scan of that index. One row per message; record
-  batches (one row per produce call) are a later schema version.
+- ``batches (tid, qid, base, next_off, first_ts, last_ts, records)``, primary key
+  ``(tid, qid, base)``: record batches (``_records``), one row per queue and produce call
+  holding its messages at offsets ``base .. next_off - 1`` in one MessagePack blob. A read is
+  one range scan of that index from the batch holding its first offset, sliced to the range;
+  seek by time bisects the offsets, one primary-key lookup per probe.
+  Retention deletes whole batches and raises ``queues.min_offset`` to the exact cut; reads
+  start there.
 - ``dedup (tid, id, qid, off, produced_at_ms)``, primary key ``(tid, id)``: the newest stored
   copy of each id, pruned now and then once older than the largest window seen.
 - ``groups (name, config)``, ``progress (grp, tid, qid, committed, finished)`` and
@@ -22,9 +26,10 @@ Append, and why it cannot deadlock: one transaction per call. With dedup on, it 
 transaction-level advisory lock per id (``(tid, hash(id))``, in sorted order), so two proxies
 appending the same id cannot both miss the other's copy; then it reads the live dedup entries,
 then locks the ``queues`` rows it appends to with ``SELECT ... ORDER BY qid FOR UPDATE``, inserts
-the messages (one multi-row ``INSERT ... SELECT FROM unnest``), records the ids, advances the
-counters and commits. Every appender takes its locks in the same global order (ids, then qids),
-so there is no cycle to deadlock on; appends to different queues only share the id locks.
+one batch per queue (one multi-row ``INSERT ... SELECT FROM unnest``), records the ids,
+advances the counters and commits. Every appender takes its locks in the same global order
+(ids, then qids), so there is no cycle to deadlock on; appends to different queues only share
+the id locks.
 Offsets come from the locked counter, so they are contiguous, and a reader can never see a gap:
 the next append to a queue waits for the previous one's COMMIT.
 

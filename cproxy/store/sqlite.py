@@ -1,5 +1,9 @@
 """The embedded default store: one SQLite file, ``<data_dir>/cproxy.db``, in WAL mode.
 
+Messages are kept as record batches (``_records``): an append writes one ``batches`` row per
+queue it touches, and a read decodes the batches holding its range (``_sqlite_schema`` has the
+tables).
+
 Durability: every write is committed before the call returns, so a 200 from the produce call
 means the messages are in the database. Writes that arrive while the writer is busy share one
 transaction (group commit, see ``_sqlite_writer``), each in its own savepoint so that one
@@ -42,6 +46,7 @@ from cproxy.model import (
 )
 from cproxy.store._append_plan import plan
 from cproxy.store._common import check_qid, message_qids
+from cproxy.store._records import batch, decode
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
     DEAD_LETTER_SELECT,
@@ -51,6 +56,7 @@ from cproxy.store._sqlite_db import (
     dead_letter,
     dead_letter_row,
 )
+from cproxy.store._sqlite_schema import INSERT_BATCH, READ_BATCHES
 from cproxy.store._sqlite_topics import SqliteTopics
 
 __all__ = ["SqliteStore"]
@@ -139,11 +145,8 @@ class SqliteStore(SqliteTopics):
             known,
             lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
         )
-        conn.executemany(
-            "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            out.rows,
-        )
+        # One row per queue of this call (record batches, ``_records``).
+        conn.executemany(INSERT_BATCH, [(tid, *b) for b in map(batch, out.stored.values())])
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
 
         def stage() -> None:
@@ -161,20 +164,16 @@ class SqliteStore(SqliteTopics):
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
         tid, queues = self._topic(topic)
         check_qid(topic, qid, queues)
-        start = max(from_offset, 0)
+        # From the floor on: a batch retention cut through may still hold records below it.
+        start = max(from_offset, self._min[tid][qid])
         # The cached tail is authoritative, so reading past it needs no trip to the database.
         if max_count <= 0 or start >= self._next[tid][qid]:
             return []
+        stop = start + max_count
 
         def run(conn: sqlite3.Connection) -> list[Message]:
-            return [
-                Message(topic, qid, off, key, body, headers, msg_id, ts)
-                for off, ts, key, msg_id, headers, body in conn.execute(
-                    "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
-                    " WHERE tid = ? AND qid = ? AND off >= ? ORDER BY off LIMIT ?",
-                    (tid, qid, start, max_count),
-                )
-            ]
+            rows = conn.execute(READ_BATCHES, (tid, qid, start, stop)).fetchall()
+            return decode(topic, qid, rows, start, stop)
 
         return await self._db.read(run)
 

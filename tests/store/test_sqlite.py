@@ -19,6 +19,7 @@ from cproxy.errors import ConfigError, StoreError
 from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueProgress
 from cproxy.store import _sqlite_append, _sqlite_writer
 from cproxy.store.sqlite import SqliteStore
+from tests.store.sqlite_faults import LOCKING_WRITE, on_body_written
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
@@ -135,7 +136,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        assert version == ("2",)
+        assert version == ("3",)
     finally:
         conn.close()
 
@@ -146,7 +147,7 @@ async def test_reads_are_not_blocked_by_an_open_write_transaction(store: SqliteS
     other = raw(store.path)
     try:
         other.execute("BEGIN IMMEDIATE")
-        other.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+        other.execute(LOCKING_WRITE)
         with anyio.fail_after(2):
             assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"committed"]
             assert await store.ping()
@@ -190,8 +191,7 @@ async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteS
     try:
         # Make SQLite itself fail mid-batch, after earlier rows of the call were inserted.
         conn.execute(
-            "CREATE TRIGGER boom BEFORE INSERT ON messages WHEN NEW.body = x'21'"
-            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            on_body_written("boom", "BEFORE", b"!", "SELECT RAISE(ABORT, 'injected failure')")
         )
     finally:
         conn.close()
@@ -224,10 +224,7 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
         conn.execute(
             "CREATE TABLE child (pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
         )
-        conn.execute(
-            "CREATE TRIGGER late_boom AFTER INSERT ON messages WHEN NEW.body = x'21'"
-            " BEGIN INSERT INTO child VALUES (42); END"
-        )
+        conn.execute(on_body_written("late_boom", "AFTER", b"!", "INSERT INTO child VALUES (42)"))
     finally:
         conn.close()
     writer = store._db._writer.conn  # white box: enforcement is a per-connection setting
@@ -277,7 +274,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         await SqliteStore(tmp_path).open()
     # The failed open released the data dir: fixing the file makes it usable again.
     conn = raw(tmp_path / "cproxy.db")
-    conn.execute("UPDATE meta SET v = '2' WHERE k = 'schema_version'")
+    conn.execute("UPDATE meta SET v = '3' WHERE k = 'schema_version'")
     conn.close()
     s = SqliteStore(tmp_path)
     await s.open()
@@ -337,7 +334,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
     # What a ROLLBACK that failed after a failed write leaves behind: it used to make every
     # later BEGIN fail with "cannot start a transaction within a transaction".
     conn.execute("BEGIN IMMEDIATE")
-    conn.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+    conn.execute(LOCKING_WRITE)
     with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
         assert await store.append("t", [NewMessage(None, b"2", qid=0)], T0, 0) == [
             AppendResult(0, 1)

@@ -29,6 +29,7 @@ from cproxy.model import AppendResult, NewMessage, QueueProgress
 from cproxy.store import _sqlite_writer
 from cproxy.store._sqlite_writer import Writer
 from cproxy.store.sqlite import SqliteStore
+from tests.store.sqlite_faults import on_body_written
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
@@ -155,8 +156,7 @@ async def test_a_failing_append_fails_alone_and_its_batch_commits(store: SqliteS
     try:
         # SQLite itself refuses one row, after earlier rows of the same call were inserted.
         conn.execute(
-            "CREATE TRIGGER boom BEFORE INSERT ON messages WHEN NEW.body = x'21'"
-            " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+            on_body_written("boom", "BEFORE", b"!", "SELECT RAISE(ABORT, 'injected failure')")
         )
     finally:
         conn.close()
@@ -200,10 +200,7 @@ async def test_a_failed_commit_fails_the_whole_batch_and_keeps_caches(
         conn.execute(
             "CREATE TABLE child (pid INTEGER REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)"
         )
-        conn.execute(
-            "CREATE TRIGGER late_boom AFTER INSERT ON messages WHEN NEW.body = x'21'"
-            " BEGIN INSERT INTO child VALUES (42); END"
-        )
+        conn.execute(on_body_written("late_boom", "AFTER", b"!", "INSERT INTO child VALUES (42)"))
     finally:
         conn.close()
     w = writer(store)
