@@ -33,6 +33,8 @@ class Message:
     headers_json: bytes | None
     id: str | None
     produced_at_ms: int
+    #: Not delivered before this time (ms since the epoch); None: not delayed.
+    deliver_at_ms: int | None = None
 
     @property
     def ref(self) -> MessageRef:
@@ -53,6 +55,9 @@ class NewMessage:
     headers_json: bytes | None = None
     id: str | None = None
     qid: int | None = None
+    #: Not delivered before this time (ms since the epoch); None: not delayed. The HTTP
+    #: layer computes it from ``delay_ms`` with the broker's clock.
+    deliver_at_ms: int | None = None
 
 
 @dataclass(slots=True)

@@ -42,7 +42,6 @@ from .views import GroupSummary, GroupView
 logger = logging.getLogger(__name__)
 
 
-
 class Broker:
     """Start with ``start(task_group)``; stop with ``stop()``."""
 

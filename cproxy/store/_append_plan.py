@@ -59,10 +59,14 @@ def plan(
         else:
             off, ts = current
         out.tails[qid] = (off + 1, ts)
-        out.rows.append((tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json))
+        out.rows.append(
+            (tid, qid, off, ts, m.key, m.id, m.headers_json, m.body_json, m.deliver_at_ms)
+        )
         if dedup and m.id is not None:
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
-        message = Message(topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts)
+        message = Message(
+            topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts, m.deliver_at_ms
+        )
         out.results.append(AppendResult(qid, off, False, ts, message))
     return out

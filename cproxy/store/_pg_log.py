@@ -263,7 +263,7 @@ class PgLog(PgBase):
             if max_count <= 0:
                 return []
             rows = await conn.fetch(
-                "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
+                "SELECT off, produced_at_ms, key, id, headers, body, deliver_at_ms FROM messages"
                 " WHERE tid = $1 AND qid = $2 AND off >= $3 ORDER BY off LIMIT $4",
                 tid,
                 qid,
@@ -271,8 +271,8 @@ class PgLog(PgBase):
                 max_count,
             )
         return [
-            Message(topic, qid, off, key, body, headers, msg_id, ts)
-            for off, ts, key, msg_id, headers, body in rows
+            Message(topic, qid, off, key, body, headers, msg_id, ts, due)
+            for off, ts, key, msg_id, headers, body, due in rows
         ]
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:

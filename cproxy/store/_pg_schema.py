@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 #: Bumped by every change of the tables. A later version adds a migration from the one before
 #: to ``MIGRATIONS`` (e.g. version 2: one row per produce call, "record batches").
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: version -> statements that take a database from ``version - 1`` to ``version``.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -30,6 +30,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE topics ADD COLUMN retention_ms bigint, ADD COLUMN retention_bytes bigint",
         "ALTER TABLE queues ADD COLUMN min_offset bigint NOT NULL DEFAULT 0",
     ),
+    # 3: delayed messages (``deliver_at_ms``, NULL = not delayed).
+    3: ("ALTER TABLE messages ADD COLUMN deliver_at_ms bigint",),
 }
 
 #: Any fixed number: the transaction-level advisory lock that serialises schema creation
@@ -56,6 +58,7 @@ TABLES = (
         tid integer NOT NULL, qid integer NOT NULL, off bigint NOT NULL,
         produced_at_ms bigint NOT NULL,
         key text, id text, headers bytea, body bytea NOT NULL,
+        deliver_at_ms bigint,
         PRIMARY KEY (tid, qid, off))""",
     # The produce-dedup index on (topic, id): the newest stored copy of each id.
     """CREATE TABLE dedup (

@@ -18,9 +18,9 @@ LOCK_QUEUES = (
 )
 
 INSERT_MESSAGES = (
-    "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
+    "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body, deliver_at_ms)"
     " SELECT $1, u.* FROM unnest($2::int[], $3::bigint[], $4::bigint[], $5::text[], $6::text[],"
-    " $7::bytea[], $8::bytea[]) AS u"
+    " $7::bytea[], $8::bytea[], $9::bigint[]) AS u"
 )
 
 UPDATE_QUEUES = (

@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 #: 2: topic retention (``topics.retention_ms``/``retention_bytes``), queue floors (``floors``),
 #: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
 # so 4 KiB pages would push every 1 KB message into an extra page.
@@ -65,6 +65,7 @@ _TABLES = (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, off INTEGER NOT NULL,
         produced_at_ms INTEGER NOT NULL,
         key TEXT, id TEXT, headers BLOB, body BLOB NOT NULL,
+        deliver_at_ms INTEGER,
         PRIMARY KEY (tid, qid, off)) WITHOUT ROWID""",
     """CREATE TABLE dedup (
         tid INTEGER NOT NULL, id TEXT NOT NULL,
@@ -92,6 +93,8 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
         "ALTER TABLE topics ADD COLUMN retention_bytes INTEGER",
         *_V2_TABLES,
     ),
+    # 3: delayed messages (``deliver_at_ms``, NULL = not delayed).
+    3: ("ALTER TABLE messages ADD COLUMN deliver_at_ms INTEGER",),
 }
 
 

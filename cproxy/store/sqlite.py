@@ -140,8 +140,9 @@ class SqliteStore(SqliteTopics):
             lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
         )
         conn.executemany(
-            "INSERT INTO messages (tid, qid, off, produced_at_ms, key, id, headers, body)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO messages"
+            " (tid, qid, off, produced_at_ms, key, id, headers, body, deliver_at_ms)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             out.rows,
         )
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
@@ -168,9 +169,10 @@ class SqliteStore(SqliteTopics):
 
         def run(conn: sqlite3.Connection) -> list[Message]:
             return [
-                Message(topic, qid, off, key, body, headers, msg_id, ts)
-                for off, ts, key, msg_id, headers, body in conn.execute(
-                    "SELECT off, produced_at_ms, key, id, headers, body FROM messages"
+                Message(topic, qid, off, key, body, headers, msg_id, ts, due)
+                for off, ts, key, msg_id, headers, body, due in conn.execute(
+                    "SELECT off, produced_at_ms, key, id, headers, body, deliver_at_ms"
+                    " FROM messages"
                     " WHERE tid = ? AND qid = ? AND off >= ? ORDER BY off LIMIT ?",
                     (tid, qid, start, max_count),
                 )

@@ -77,7 +77,7 @@ async def test_schema_version_is_recorded_and_a_newer_one_is_refused(pg_dsn: str
     await s.open()
     await s.create_topic("t", 2)
     await s.close()
-    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "2"
+    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "3"
     await s.open()  # an existing schema of our version opens as it is
     assert await s.list_topics() == [TopicInfo("t", 2)]
     await s.close()
@@ -93,9 +93,10 @@ async def test_a_version_1_schema_is_migrated(pg_dsn: str) -> None:
     await s.create_topic("t", 1)
     await s.append("t", [msg(0, b"1")], T0, 0)
     await s.close()
-    # Back to what version 1 had: no retention columns, no min_offset.
+    # Back to what version 1 had: no retention columns, no min_offset, no deliver_at_ms.
     await sql(pg_dsn, "ALTER TABLE topics DROP COLUMN retention_ms, DROP COLUMN retention_bytes")
     await sql(pg_dsn, "ALTER TABLE queues DROP COLUMN min_offset")
+    await sql(pg_dsn, "ALTER TABLE messages DROP COLUMN deliver_at_ms")
     await sql(pg_dsn, "UPDATE cproxy_meta SET v = '1' WHERE k = 'schema_version'")
     await s.open()
     try:
@@ -105,7 +106,7 @@ async def test_a_version_1_schema_is_migrated(pg_dsn: str) -> None:
         assert await s.apply_retention("t", T0 + 5000) == {0: 1}
     finally:
         await s.close()
-    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "2"
+    assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "3"
 
 
 async def test_unreachable_server_raises_store_error() -> None:

@@ -135,7 +135,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        assert version == ("2",)
+        assert version == ("3",)
     finally:
         conn.close()
 
@@ -146,7 +146,7 @@ async def test_reads_are_not_blocked_by_an_open_write_transaction(store: SqliteS
     other = raw(store.path)
     try:
         other.execute("BEGIN IMMEDIATE")
-        other.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+        other.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00', NULL)")
         with anyio.fail_after(2):
             assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"committed"]
             assert await store.ping()
@@ -277,11 +277,38 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         await SqliteStore(tmp_path).open()
     # The failed open released the data dir: fixing the file makes it usable again.
     conn = raw(tmp_path / "cproxy.db")
-    conn.execute("UPDATE meta SET v = '2' WHERE k = 'schema_version'")
+    conn.execute("UPDATE meta SET v = '3' WHERE k = 'schema_version'")
     conn.close()
     s = SqliteStore(tmp_path)
     await s.open()
     await s.close()
+
+
+async def test_a_version_2_file_is_migrated_and_keeps_its_messages(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.create_topic("t", 1)
+    await s.append("t", [NewMessage("k", b"1", qid=0)], T0, 0)
+    await s.close()
+    # Make the file what version 2 wrote: no deliver_at_ms column.
+    conn = raw(tmp_path / "cproxy.db")
+    conn.execute("ALTER TABLE messages DROP COLUMN deliver_at_ms")
+    conn.execute("UPDATE meta SET v = '2' WHERE k = 'schema_version'")
+    conn.close()
+    s = SqliteStore(tmp_path)
+    await s.open()
+    try:
+        await s.append("t", [NewMessage("k", b"2", qid=0, deliver_at_ms=T0 + 5)], T0, 0)
+        read = await s.read("t", 0, 0, 10)
+        assert [(m.body_json, m.deliver_at_ms) for m in read] == [(b"1", None), (b"2", T0 + 5)]
+    finally:
+        await s.close()
+    conn = raw(tmp_path / "cproxy.db")
+    try:
+        version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        assert version == ("3",)
+    finally:
+        conn.close()
 
 
 async def test_second_store_on_same_dir_is_refused(store: SqliteStore, tmp_path: Path) -> None:
@@ -337,7 +364,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
     # What a ROLLBACK that failed after a failed write leaves behind: it used to make every
     # later BEGIN fail with "cannot start a transaction within a transaction".
     conn.execute("BEGIN IMMEDIATE")
-    conn.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00')")
+    conn.execute("INSERT INTO messages VALUES (1, 0, 1, 0, NULL, NULL, NULL, x'00', NULL)")
     with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
         assert await store.append("t", [NewMessage(None, b"2", qid=0)], T0, 0) == [
             AppendResult(0, 1)
