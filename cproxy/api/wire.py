@@ -67,7 +67,6 @@ def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
 
 # -- consuming (the message shape lives with the broker: push requests use it too) -----------
 
-
 def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
     return [{"topic": t, "qid": q, "offset": o} for t, q, o in items]
 

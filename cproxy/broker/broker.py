@@ -42,6 +42,7 @@ from .views import GroupSummary, GroupView
 logger = logging.getLogger(__name__)
 
 
+
 class Broker:
     """Start with ``start(task_group)``; stop with ``stop()``."""
 

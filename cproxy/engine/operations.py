@@ -128,7 +128,9 @@ class Operations:
         self._dead_letter(entry, now_ms)
         return entry.message.ref
 
-    def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
+    def release(
+        self, topic: str, order_value: str | None, ref: MessageRef | None
+    ) -> MessageRef:
         """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
         entry = self._find_blocked(topic, order_value, ref)
         self._exhausted.pop(entry.message.ref, None)
@@ -136,7 +138,9 @@ class Operations:
         self._seq.retry_now(entry)
         return entry.message.ref
 
-    def _find_blocked(self, topic: str, order_value: str | None, ref: MessageRef | None) -> Entry:
+    def _find_blocked(
+        self, topic: str, order_value: str | None, ref: MessageRef | None
+    ) -> Entry:
         entry: Entry | None = None
         if order_value is not None:
             chain = self._seq.chain(topic, order_value)
@@ -229,6 +233,7 @@ class Operations:
             parked_keys=sum(1 for c in chains if c.is_parked),
             pending_dead_letters=len(self._pending.dead_letters),
         )
+
 
     def release_uncharged(
         self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int] | None = None

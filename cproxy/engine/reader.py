@@ -162,7 +162,9 @@ class Reader:
         for chain in deferred:
             self._seq.reload_later(chain)
         curs = [
-            p for p in self._cursors.values() if p.fetch_offset < p.end_offset and not p.catching_up
+            p
+            for p in self._cursors.values()
+            if p.fetch_offset < p.end_offset and not p.catching_up
         ]
         if not curs or space <= 0:
             return requests
@@ -172,7 +174,9 @@ class Reader:
             count = min(share, space, cur.end_offset - cur.fetch_offset)
             if count <= 0:
                 break
-            requests.append(FetchRequest(cur.topic, cur.qid, cur.fetch_offset, count, cur.epoch))
+            requests.append(
+                FetchRequest(cur.topic, cur.qid, cur.fetch_offset, count, cur.epoch)
+            )
             space -= count
         return requests
 
@@ -311,7 +315,9 @@ class Reader:
             return  # a seek dropped this queue's parked state meanwhile
         # Where the scan stopped: a full read may have more behind it; a short one reached
         # the end of what the store holds below ``upto``.
-        scanned_to = messages[-1].offset + 1 if len(messages) >= request.max_count else request.upto
+        scanned_to = (
+            messages[-1].offset + 1 if len(messages) >= request.max_count else request.upto
+        )
         for message in messages:
             offset = message.offset
             if offset >= request.upto:

@@ -68,7 +68,9 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -
         else:
             h.advance(rng.choice([1, 30, 60, 1000]))
             # Whatever timed out is no longer in flight for us either.
-            live = {(b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "in_flight"}
+            live = {
+                (b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "in_flight"
+            }
             for ref in [r for r, k in in_flight.items() if k is not None and r not in live]:
                 del in_flight[ref]
         s = h.engine.stats()
