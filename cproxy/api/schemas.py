@@ -54,6 +54,10 @@ class OutMessage(_Strict):
     headers: dict[StrictStr, StrictStr] | None = None
     id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
     qid: NonNegative | None = None
+    #: Not delivered before this many ms from now (at most ``limits.max_delay_ms``).
+    delay_ms: NonNegative | None = None
+    #: Not delivered before this time (ms since the epoch); a past time means no delay.
+    deliver_at_ms: NonNegative | None = None
 
 
 class Produce(_Strict):

@@ -146,6 +146,7 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
         "buffered": stats.buffered,
         "blocked_keys": stats.blocked_keys,
         "parked_keys": stats.parked_keys,
+        "delayed": stats.delayed,
         "dead_lettered": dead_lettered,
     }
 
