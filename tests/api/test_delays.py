@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import replace
 from typing import Any
 
 import httpx
+import pytest
 
+from consumer_sdk import Producer, ValidationFailed
+from cproxy.cli import main
 from cproxy.config import Limits
 from tests.api.test_delivery import acks, produce, pull, setup, stats
 from tests.conftest import ServerFactory
@@ -118,3 +122,26 @@ def test_many_delayed_keys_do_not_block_undelayed_ones(server: RunningServer) ->
         s = stats(client)
         assert s["delayed"] == 2000
         assert s["buffered"] <= 100
+
+
+def test_sdk_and_cli_send_delays(server: RunningServer, capsys: pytest.CaptureFixture[str]) -> None:
+    with server.client() as client:
+        setup(client, {"topics": {"t": {"order_by": "key"}}, "ack_timeout_ms": 60_000}, 1)
+    start = now_ms()
+    with Producer(server.url) as producer:
+        producer.send("t", "sdk-delay", key="a", delay_ms=1500)
+        producer.send("t", "sdk-at", key="b", deliver_at_ms=start + 1500)
+        producer.send_batch("t", [{"body": "batch", "key": "c", "delay_ms": 1500}])
+        with pytest.raises(ValidationFailed):
+            producer.send("t", "both", delay_ms=1, deliver_at_ms=start)
+    main(["produce", "t", '"cli"', "--key", "d", "--delay-ms", "1500", "--url", server.url])
+    assert json.loads(capsys.readouterr().out)["results"][0]["offset"] == 3
+    with server.client() as client:
+        assert stats(client)["delayed"] == 4
+        assert pull(client, wait_ms=300) == []
+        got: list[dict[str, Any]] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 4 and time.monotonic() < deadline:
+            got += pull(client, wait_ms=500, results=acks(got[-4:]) if got else ())
+        assert now_ms() - start >= 1500
+        assert sorted(m["body"] for m in got) == ["batch", "cli", "sdk-at", "sdk-delay"]
