@@ -268,9 +268,13 @@ class Sequencer:
 
     # -- same-key runs --------------------------------------------------------------------------
     def take_run(self, chain: Chain, count: int) -> list[Entry]:
-        """Up to ``count`` waiting entries to hand out with the head (the caller sends them)."""
+        """Up to ``count`` waiting entries to hand out with the head (the caller sends them);
+        a run stops before a message that is not due yet."""
         out: list[Entry] = []
         while len(out) < count and chain.waiting:
+            due = chain.waiting[0].message.deliver_at_ms
+            if due is not None and due > self._now_ms:
+                break
             entry = chain.waiting.popleft()
             chain.run.append(entry)
             out.append(entry)

@@ -221,3 +221,22 @@ def test_a_retry_is_not_delayed_again_and_a_seek_drops_delayed_messages() -> Non
     assert h.engine.stats().delayed == 0
     assert drain(h, h.now + 61_000) == []
     assert offsets(h.pull()) == []
+
+
+def test_a_same_key_run_stops_before_a_message_not_due_yet() -> None:
+    h = Harness()
+    h.produce("a", body=1)
+    h.produce("a", body=2)
+    h.produce("a", body=3, delay_ms=5000)
+    h.produce("a", body=4)
+    h.fetch()
+    run = h.engine.pull(10, None, h.now, max_per_key=10)
+    assert [d.message.body_json for d in run] == [b"1", b"2"]
+    h.ack(*run)
+    assert h.engine.pull(10, None, h.now, max_per_key=10) == []
+    h.advance(5000)
+    h.fetch()  # the chain slept (3 is far off) and is read back when it wakes
+    assert [d.message.body_json for d in h.engine.pull(10, None, h.now, max_per_key=10)] == [
+        b"3",
+        b"4",
+    ]
