@@ -195,22 +195,16 @@ class Sequencer:
         self._tally.move(entry, _DELAYED)
         self._delayed.push(due, entry)
 
-    @property
-    def now_ms(self) -> int:
-        """The latest time the driver told us (ms since the epoch)."""
-        return self._now_ms
-
     def note_time(self, now_ms: int) -> None:
         """The driver's clock (ms): heads due by then are ready when they are admitted."""
         self._now_ms = max(self._now_ms, now_ms)
 
-    def advance(self, now_ms: int) -> bool:
+    def advance(self, now_ms: int) -> None:
         """Make delayed heads due by ``now_ms`` ready and wake the sleeping chains due
-        soon (queued for a reload); True when a chain woke (the reader has work)."""
+        soon (queued for a reload, which the next fetch plans)."""
         self.note_time(now_ms)
         for entry in self._delayed.pop_due(now_ms):
             self._make_ready(entry, reactivated=False)
-        woke = False
         sleeping = self._sleeping
         while sleeping and sleeping[0][0] <= now_ms:
             when, _, chain = heapq.heappop(sleeping)
@@ -219,9 +213,7 @@ class Sequencer:
             chain.wake_ms = None
             if chain.head is None and chain.parked and not chain.reloading:
                 self._reloads.append(chain)
-                woke = True
         self._delayed.compact(self._tally.count(_DELAYED))
-        return woke
 
     def next_due_ms(self) -> int | None:
         """When ``advance`` next has work (ms), or None."""
