@@ -145,3 +145,14 @@ def test_sdk_and_cli_send_delays(server: RunningServer, capsys: pytest.CaptureFi
             got += pull(client, wait_ms=500, results=acks(got[-4:]) if got else ())
         assert now_ms() - start >= 1500
         assert sorted(m["body"] for m in got) == ["batch", "cli", "sdk-at", "sdk-delay"]
+
+
+def test_openapi_declares_the_delay_fields(server: RunningServer) -> None:
+    with server.client() as client:
+        schemas = client.get("/openapi.json").json()["components"]["schemas"]
+    message = schemas["OutMessage"]["properties"]
+    for name in ("delay_ms", "deliver_at_ms"):
+        integer, null = message[name]["anyOf"]
+        assert (integer["type"], integer["minimum"], null["type"]) == ("integer", 0, "null")
+        assert "Not delivered before" in message[name]["description"]
+    assert "delayed" in schemas["GroupStatsOut"]["properties"]
