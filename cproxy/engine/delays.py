@@ -32,9 +32,10 @@ import heapq
 from dataclasses import dataclass, field
 
 #: An unordered message due further than this (ms) from now is released, not held.
-RELEASE_BEYOND_MS = 2000
-#: A rescan starts this long (ms) before the earliest released message is due.
-RESCAN_LEAD_MS = 500
+RELEASE_BEYOND_MS = 3000
+#: A rescan starts this long (ms) before the earliest released message is due (over a
+#: second, like ``sequencer.WAKE_LEAD_MS``, so what it admits is handed out on time).
+RESCAN_LEAD_MS = 1500
 #: At most this many segments: the horizon for new reads stops moving at the cap (until a
 #: rescan merges what it scanned into one segment).
 MAX_SEGMENTS = 8

@@ -45,9 +45,11 @@ _WAITING = State.WAITING
 _DELAYED = State.DELAYED
 
 #: A delayed chain head due further than this (ms) from now is not held: the chain sleeps.
-SLEEP_BEYOND_MS = 2000
-#: A sleeping chain is reloaded this long (ms) before its head is due.
-WAKE_LEAD_MS = 500
+SLEEP_BEYOND_MS = 3000
+#: A sleeping chain is reloaded this long (ms) before its head is due. Over a second: the
+#: driver's timer wakes at least once a second and then sleeps until the next due time, so
+#: a head read back this early is handed out on time.
+WAKE_LEAD_MS = 1500
 
 
 class Chain:

@@ -66,8 +66,8 @@ def test_delayed_messages_are_not_delivered_early_and_hold_only_their_key(
                 {"key": "a", "body": "a1", "deliver_at_ms": due},
                 {"key": "a", "body": "a2"},  # waits behind a1
                 {"key": "b", "body": "b1"},
-                {"key": "c", "body": "c1", "delay_ms": 3000},  # sleeps (far off)
-                {"body": "u1", "delay_ms": 2500},  # unordered, released from memory
+                {"key": "c", "body": "c1", "delay_ms": 4000},  # sleeps (far off)
+                {"body": "u1", "delay_ms": 3500},  # unordered, released from memory
                 {"body": "u2"},
             ],
         )
@@ -92,8 +92,8 @@ def test_delayed_messages_are_not_delivered_early_and_hold_only_their_key(
             earliest = {
                 "a1": due,
                 "a2": due,
-                "c1": m["produced_at_ms"] + 3000,
-                "u1": m["produced_at_ms"] + 2500,
+                "c1": m["produced_at_ms"] + 4000,
+                "u1": m["produced_at_ms"] + 3500,
             }[m["body"]]
             assert at >= earliest, (m, at - earliest)
         wait_until(lambda: stats(client)["delayed"] == 0, 5, 0.05, "delayed back to 0")
