@@ -52,6 +52,21 @@ SLEEP_BEYOND_MS = 3000
 WAKE_LEAD_MS = 1500
 
 
+class _NoEntries(deque[Entry]):
+    """The shared, always empty ``run``/``waiting`` of chains that hold nothing there: an
+    empty deque costs ~600 B, which a parked or sleeping key should not pay. Writing to it
+    is a bug (the sequencer gives a chain its own deque first)."""
+
+    def append(self, entry: Entry, /) -> None:
+        raise AssertionError("a chain's shared empty deque was written to")
+
+    def appendleft(self, entry: Entry, /) -> None:
+        raise AssertionError("a chain's shared empty deque was written to")
+
+
+_NO_ENTRIES = _NoEntries()
+
+
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
@@ -62,8 +77,8 @@ class Chain:
         self.value = value
         self.head: Entry | None = None
         #: Messages handed out together with the head (a same-key run), in offset order.
-        self.run: deque[Entry] = deque()
-        self.waiting: deque[Entry] = deque()
+        self.run: deque[Entry] = _NO_ENTRIES
+        self.waiting: deque[Entry] = _NO_ENTRIES
         #: qid -> earliest offset dropped from memory and not yet reloaded.
         self.parked: dict[int, int] = {}
         #: qid -> where a reload under way started; while one runs, arrivals stay parked to
@@ -172,6 +187,8 @@ class Sequencer:
             chain.head = entry
             self._make_head(entry, reactivated=reactivated)
         else:
+            if chain.waiting is _NO_ENTRIES:
+                chain.waiting = deque()
             chain.waiting.append(entry)
             self._tally.move(entry, _WAITING)
 
@@ -235,7 +252,7 @@ class Sequencer:
         for entry in (head, *chain.waiting):
             chain.note_parked(entry.message.qid, entry.message.offset)
             self._tally.move(entry, State.OUT)
-        chain.waiting.clear()
+        chain.waiting = _NO_ENTRIES
         wake = chain.wake_ms = max(self._now_ms, head.due_ms - WAKE_LEAD_MS)
         heapq.heappush(self._sleeping, (wake, next(self._sleep_seq), chain))
 
@@ -270,12 +287,16 @@ class Sequencer:
             if due is not None and due > self._now_ms:
                 break
             entry = chain.waiting.popleft()
+            if chain.run is _NO_ENTRIES:
+                chain.run = deque()
             chain.run.append(entry)
             out.append(entry)
         return out
 
     def send_back(self, chain: Chain, entries: list[Entry]) -> None:
         """Run members go back behind the head, in order, to wait for their turn again."""
+        if chain.waiting is _NO_ENTRIES:
+            chain.waiting = deque()
         for entry in reversed(entries):
             chain.run.remove(entry)
             chain.waiting.appendleft(entry)
@@ -331,7 +352,7 @@ class Sequencer:
             for entry in chain.waiting:
                 chain.note_parked(entry.message.qid, entry.message.offset)
                 self._tally.move(entry, State.OUT)
-            chain.waiting.clear()
+            chain.waiting = _NO_ENTRIES
             if self._tally.held <= until_held:
                 break
 
