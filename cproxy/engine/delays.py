@@ -29,7 +29,10 @@ about (messages in the window / admitted per rescan) reads per message, all sequ
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from cproxy.model import Message
 
 #: An unordered message due further than this (ms) from now is released, not held.
 RELEASE_BEYOND_MS = 3000
@@ -116,6 +119,21 @@ class DelayWindow:
             return None
         return self.next_due_ms - RESCAN_LEAD_MS
 
+    def next_read(self, now_ms: int, fetch_offset: int, batch: int) -> tuple[int, int, int] | None:
+        """The rescan's next read ``(from offset, count, upto)``, starting a rescan when
+        one is due; None when no rescan reads now. Also moves the horizon of new reads."""
+        self.note_now(now_ms)
+        start_at = self.rescan_at_ms()
+        if start_at is not None and now_ms >= start_at:
+            self.start_rescan(now_ms, fetch_offset)
+        scan = self.scan
+        if scan is None:
+            return None
+        if scan.pos >= scan.upto:
+            self.finish_rescan()
+            return None
+        return scan.pos, min(batch, scan.upto - scan.pos), scan.upto
+
     def start_rescan(self, now_ms: int, fetch_offset: int) -> None:
         """Begin a rescan of everything released below ``fetch_offset``."""
         target = max(now_ms + RELEASE_BEYOND_MS, self._hint_ms)
@@ -131,6 +149,45 @@ class DelayWindow:
                 break
         return None
 
+    def take_rescan(
+        self,
+        from_offset: int,
+        max_count: int,
+        upto: int,
+        messages: Sequence[Message],
+        candidate: Callable[[Message], bool],
+        admit: Callable[[Message], bool],
+    ) -> None:
+        """Take what a rescan read (``max_count`` asked from ``from_offset``, range end
+        ``upto``): admit the released messages due by the rescan's target, keep the later
+        ones released. ``candidate(m)``: unordered and not held; ``admit(m)`` holds ``m``,
+        or answers False when there is no room (the rescan resumes there later)."""
+        scan = self.scan
+        if scan is None or scan.pos != from_offset or scan.upto != upto:
+            return  # stale
+        pos = upto if len(messages) < max_count else from_offset
+        for message in messages:
+            offset = message.offset
+            if offset >= upto:
+                pos = upto
+                break
+            due = message.deliver_at_ms
+            horizon = None if due is None else self.horizon_at(offset)
+            if due is None or horizon is None or due <= horizon or not candidate(message):
+                pos = offset + 1
+                continue  # not released: handled when it was read
+            if due > scan.target_ms:
+                self.keep(offset, due)
+            elif admit(message):
+                self.released = max(0, self.released - 1)
+            else:
+                pos = offset  # no room: resume here when there is
+                break
+            pos = offset + 1
+        scan.pos = max(scan.pos, pos)
+        if scan.pos >= scan.upto:
+            self.finish_rescan()
+
     def keep(self, offset: int, due_ms: int) -> None:
         """The rescan found a message still released (due after its target)."""
         scan = self.scan
@@ -142,10 +199,6 @@ class DelayWindow:
             heapq.heappush(scan.dues, -due_ms)
         elif -scan.dues[0] > due_ms:
             heapq.heapreplace(scan.dues, -due_ms)
-
-    def admitted(self) -> None:
-        """The rescan admitted a released message."""
-        self.released = max(0, self.released - 1)
 
     def finish_rescan(self) -> None:
         """The rescan read up to its end: the window shrinks to what is still released."""

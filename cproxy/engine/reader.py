@@ -191,24 +191,14 @@ class Reader:
     def _plan_delay_rescan(
         self, cur: QueueCursor, now_ms: int, space: int, requests: list[FetchRequest]
     ) -> int:
-        """Plan the next read of the queue's delay rescan, starting one when due; returns
-        the buffer space it may use."""
-        window = cur.delays
-        window.note_now(now_ms)
-        start_at = window.rescan_at_ms()
-        if start_at is not None and now_ms >= start_at:
-            window.start_rescan(now_ms, cur.fetch_offset)
-        scan = window.scan
-        if scan is None or space <= 0:
+        """Plan the next read of the queue's delay rescan, starting one when due (even
+        without buffer space: it reads when there is); returns the space it may use."""
+        read = cur.delays.next_read(now_ms, cur.fetch_offset, RELOAD_SCAN_BATCH)
+        if read is None or space <= 0:
             return 0
-        if scan.pos >= scan.upto:
-            window.finish_rescan()
-            return 0
-        count = min(RELOAD_SCAN_BATCH, scan.upto - scan.pos)
+        start, count, upto = read
         requests.append(
-            FetchRequest(
-                cur.topic, cur.qid, scan.pos, count, cur.epoch, upto=scan.upto, delayed=True
-            )
+            FetchRequest(cur.topic, cur.qid, start, count, cur.epoch, upto=upto, delayed=True)
         )
         return min(space, count)
 
@@ -334,42 +324,25 @@ class Reader:
     def _take_delay_rescan(
         self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
     ) -> None:
-        window = cur.delays
-        scan = window.scan
-        if scan is None or scan.pos != request.from_offset or scan.upto != request.upto:
-            return  # stale
-        pos = request.upto if len(messages) < request.max_count else request.from_offset
-        held = self._tally.held_offsets(cur.topic, cur.qid)
-        for message in messages:
-            offset = message.offset
-            if offset >= scan.upto:
-                pos = scan.upto
-                break
-            due = message.deliver_at_ms
-            horizon = None if due is None else window.horizon_at(offset)
-            if (
-                horizon is None
-                or due is None
-                or due <= horizon
-                or offset in held
-                or self._extract(message) is not None
-            ):
-                pos = offset + 1
-                continue  # not released: handled when it was read
-            if due > scan.target_ms:
-                window.keep(offset, due)
-            elif self._tally.held >= self._max_buffered:
-                pos = offset  # no room: resume here when there is
-                break
-            else:
-                entry = self._screen(message, True)  # its first screening
-                if entry is not None:
-                    self._seq.admit(entry, None)
-                window.admitted()
-            pos = offset + 1
-        scan.pos = max(scan.pos, pos)
-        if scan.pos >= scan.upto:
-            window.finish_rescan()
+        def admit(message: Message) -> bool:
+            if self._tally.held >= self._max_buffered:
+                return False
+            entry = self._screen(message, True)  # its first screening
+            if entry is not None:
+                self._seq.admit(entry, None)
+            return True
+
+        cur.delays.take_rescan(
+            request.from_offset,
+            request.max_count,
+            request.upto,
+            messages,
+            lambda m: (
+                self._extract(m) is None
+                and m.offset not in self._tally.held_offsets(cur.topic, cur.qid)
+            ),
+            admit,
+        )
 
     def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
         limit = self._max_buffered
