@@ -26,8 +26,18 @@ def _one(
     headers: Mapping[str, str] | None,
     id: str | None,  # the wire name, as in send_batch
     qid: int | None,
+    delay_ms: int | None = None,
+    deliver_at_ms: int | None = None,
 ) -> dict[str, Any]:
-    return {"body": body, "key": key, "headers": headers, "id": id, "qid": qid}
+    return {
+        "body": body,
+        "key": key,
+        "headers": headers,
+        "id": id,
+        "qid": qid,
+        "delay_ms": delay_ms,
+        "deliver_at_ms": deliver_at_ms,
+    }
 
 
 class Producer(Closing):
@@ -91,9 +101,18 @@ class Producer(Closing):
         headers: Mapping[str, str] | None = None,
         id: str | None = None,
         qid: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> SendResult:
-        """Send one message; ``body`` is any JSON-serialisable value."""
-        return self.client.produce(topic, [_one(body, key, headers, id, qid)])[0]
+        """Send one message; ``body`` is any JSON-serialisable value.
+
+        ``delay_ms`` (from when the server stores it) or ``deliver_at_ms`` (ms since the
+        epoch; a past time means no delay), not both: the message is not delivered before
+        then, and later messages of its order value wait behind it. The server refuses
+        delays over its ``limits.max_delay_ms`` (7 days by default) with a 422.
+        """
+        message = _one(body, key, headers, id, qid, delay_ms, deliver_at_ms)
+        return self.client.produce(topic, [message])[0]
 
     def send_batch(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Send messages atomically (all stored or none); results are in input order.
@@ -157,9 +176,12 @@ class AsyncProducer(AsyncClosing):
         headers: Mapping[str, str] | None = None,
         id: str | None = None,
         qid: int | None = None,
+        delay_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> SendResult:
-        """Send one message; ``body`` is any JSON-serialisable value."""
-        return (await self.client.produce(topic, [_one(body, key, headers, id, qid)]))[0]
+        """Send one message (see :meth:`Producer.send`, including delays)."""
+        message = _one(body, key, headers, id, qid, delay_ms, deliver_at_ms)
+        return (await self.client.produce(topic, [message]))[0]
 
     async def send_batch(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Send messages atomically (all stored or none); results are in input order."""

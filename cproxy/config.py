@@ -81,6 +81,9 @@ class Limits:
     max_request_bytes: int = 8 * MiB
     max_pull_messages: int = 1000
     max_wait_ms: int = 30_000
+    #: The longest a produced message may be delayed (``delay_ms``/``deliver_at_ms``):
+    #: 7 days. A longer delay is a 422.
+    max_delay_ms: int = 7 * 24 * 3600 * 1000
 
 
 #: Shortest accepted plain-text token, in characters.

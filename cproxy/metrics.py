@@ -79,6 +79,7 @@ class _EngineCollector(Collector):
                 ("blocked_keys", "Order values whose head is not acked"),
                 ("buffered_messages", "Messages held in memory"),
                 ("retrying_messages", "Messages waiting for a retry"),
+                ("delayed_messages", "Delayed messages not due yet"),
             )
         }
         for name, stats in self._broker.group_stats():
@@ -92,6 +93,7 @@ class _EngineCollector(Collector):
             group_gauges["blocked_keys"].add_metric([name], stats.blocked_keys)
             group_gauges["buffered_messages"].add_metric([name], stats.buffered)
             group_gauges["retrying_messages"].add_metric([name], stats.retrying)
+            group_gauges["delayed_messages"].add_metric([name], stats.delayed)
         yield from counters.values()
         yield from gauges.values()
         yield from group_gauges.values()

@@ -33,6 +33,8 @@ class Message:
     headers_json: bytes | None
     id: str | None
     produced_at_ms: int
+    #: Not delivered before this time (ms since the epoch); None: not delayed.
+    deliver_at_ms: int | None = None
 
     @property
     def ref(self) -> MessageRef:
@@ -53,6 +55,9 @@ class NewMessage:
     headers_json: bytes | None = None
     id: str | None = None
     qid: int | None = None
+    #: Not delivered before this time (ms since the epoch); None: not delayed. The HTTP
+    #: layer computes it from ``delay_ms`` with the broker's clock.
+    deliver_at_ms: int | None = None
 
 
 @dataclass(slots=True)
@@ -112,12 +117,23 @@ class QueueProgress:
     read_to: int | None = None
     open: tuple[tuple[int, int], ...] = ()
     parked: tuple[tuple[str, int], ...] = ()
+    #: Unordered delayed messages released from memory: ``(start, end, horizon_ms)``
+    #: segments; in each, the unordered messages due after ``horizon_ms`` are unread
+    #: (``cproxy.engine.delays``). Compact form only.
+    delayed: tuple[tuple[int, int, int], ...] = ()
 
     def detail_json(self) -> bytes:
         """Everything but ``committed``, as stores keep it in one JSON column."""
         if self.read_to is None:
             return orjson.dumps(self.finished)
-        return orjson.dumps({"read_to": self.read_to, "open": self.open, "parked": self.parked})
+        detail: dict[str, object] = {
+            "read_to": self.read_to,
+            "open": self.open,
+            "parked": self.parked,
+        }
+        if self.delayed:  # absent unless used: older versions read the same JSON
+            detail["delayed"] = self.delayed
+        return orjson.dumps(detail)
 
     @classmethod
     def from_detail_json(cls, committed: int, detail: bytes | str) -> QueueProgress:
@@ -130,6 +146,7 @@ class QueueProgress:
             read_to=int(data["read_to"]),
             open=tuple((int(s), int(e)) for s, e in data["open"]),
             parked=tuple((str(v), int(o)) for v, o in data["parked"]),
+            delayed=tuple((int(s), int(e), int(h)) for s, e, h in data.get("delayed", ())),
         )
 
 

@@ -115,9 +115,7 @@ def test_sigkill_while_pushing_loses_nothing_and_keeps_order(tmp_path: Path) -> 
         # Kill only once progress was committed: pushing is fast enough to ack a third of the
         # messages before the first commit interval ends, and the bound below is about what
         # the last interval before the kill misses, not about a group that never committed.
-        wait_until(
-            lambda: _persisted_progress(server.data_dir) > 0, 30, 0.02, "a progress commit"
-        )
+        wait_until(lambda: _persisted_progress(server.data_dir) > 0, 30, 0.02, "a progress commit")
         server.kill()
         killed_at = time.monotonic()
         server.start()

@@ -79,9 +79,7 @@ def build(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of ``app`` with the declared answers (cached on the app)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
-    spec = get_openapi(
-        title=app.title, version=app.version, summary=app.summary, routes=app.routes
-    )
+    spec = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
     schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)

@@ -157,6 +157,8 @@ class GroupStatsOut(_Out):
     buffered: int
     blocked_keys: int
     parked_keys: int
+    #: Delayed messages not due yet (held, heading a sleeping key, or released unordered).
+    delayed: int = 0
     dead_lettered: int
     push: dict[str, PushState] | None = None
 

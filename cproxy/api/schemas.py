@@ -54,6 +54,16 @@ class OutMessage(_Strict):
     headers: dict[StrictStr, StrictStr] | None = None
     id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
     qid: NonNegative | None = None
+    delay_ms: NonNegative | None = Field(
+        None,
+        description="Not delivered before this many ms after it is stored (at most the "
+        "server's limits.max_delay_ms); not with deliver_at_ms.",
+    )
+    deliver_at_ms: NonNegative | None = Field(
+        None,
+        description="Not delivered before this time (ms since the Unix epoch; a past time "
+        "means no delay; at most limits.max_delay_ms ahead); not with delay_ms.",
+    )
 
 
 class Produce(_Strict):

@@ -78,13 +78,16 @@ async def get_topic(topic: str, broker: BrokerDep) -> Response:
     return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
 
 
-def _encode(body: Produce, limits: Limits) -> list[NewMessage]:
+def _encode(body: Produce, limits: Limits) -> tuple[list[NewMessage], list[int | None] | None]:
+    """The messages to store, and each one's ``delay_ms`` (None when no message has one):
+    the broker turns delays into ``deliver_at_ms`` with its clock."""
     if len(body.messages) > limits.max_messages_per_call:
         raise TooLarge(
             f"{len(body.messages)} messages in one call; the limit is "
             f"{limits.max_messages_per_call}"
         )
     items = []
+    delays: list[int | None] | None = None
     for i, m in enumerate(body.messages):
         try:
             body_json = orjson.dumps(m.body)
@@ -97,8 +100,13 @@ def _encode(body: Produce, limits: Limits) -> list[NewMessage]:
             raise TooLarge(
                 f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
             )
-        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid))
-    return items
+        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
+        if m.delay_ms is not None:
+            if m.deliver_at_ms is not None:
+                raise InvalidRequest(f"messages[{i}] has both delay_ms and deliver_at_ms; give one")
+            delays = delays or [None] * len(body.messages)
+            delays[i] = m.delay_ms
+    return items, delays
 
 
 @router.post(
@@ -107,6 +115,6 @@ def _encode(body: Produce, limits: Limits) -> list[NewMessage]:
     dependencies=[Depends(require("produce"))],
 )
 async def produce(topic: str, body: Produce, request: Request, broker: BrokerDep) -> Response:
-    items = _encode(body, request.app.state.settings.limits)
-    results = await broker.produce(topic, items)
+    items, delays = _encode(body, request.app.state.settings.limits)
+    results = await broker.produce(topic, items, delays)
     return wire.json_response(wire.produce_results(results))

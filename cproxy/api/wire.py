@@ -67,6 +67,7 @@ def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
 
 # -- consuming (the message shape lives with the broker: push requests use it too) -----------
 
+
 def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
     return [{"topic": t, "qid": q, "offset": o} for t, q, o in items]
 
@@ -146,6 +147,7 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
         "buffered": stats.buffered,
         "blocked_keys": stats.blocked_keys,
         "parked_keys": stats.parked_keys,
+        "delayed": stats.delayed,
         "dead_lettered": dead_lettered,
     }
 

@@ -34,13 +34,13 @@ from cproxy.model import (
 from cproxy.store.base import Store
 
 from .clock import every, now_ms
+from .delays import check_delays
 from .health import WriteHealth
 from .runner import GroupRunner, PullResult
 from .topics import Retention, SeekTarget, Topics, retention_of
 from .views import GroupSummary, GroupView
 
 logger = logging.getLogger(__name__)
-
 
 
 class Broker:
@@ -194,17 +194,24 @@ class Broker:
         return await self._topics.queue_stats(name)
 
     # -- produce -------------------------------------------------------------------------------
-    async def produce(self, topic: str, messages: Sequence[NewMessage]) -> list[AppendResult]:
+    async def produce(
+        self,
+        topic: str,
+        messages: Sequence[NewMessage],
+        delays_ms: Sequence[int | None] | None = None,
+    ) -> list[AppendResult]:
         """Store ``messages`` atomically and wake the groups that read ``topic``.
 
         A message without a ``qid`` gets one here, in place: by key, else round robin.
+        ``delays_ms`` (per message, or None) sets ``deliver_at_ms`` from this clock, in place.
+        A message due more than ``limits.max_delay_ms`` from now is refused (InvalidRequest).
         """
         self._check_open()
+        now = now_ms()
+        check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
         self._topics.place(topic, messages)
         try:
-            results = await self.store.append(
-                topic, messages, now_ms(), self.settings.dedup_window_ms
-            )
+            results = await self.store.append(topic, messages, now, self.settings.dedup_window_ms)
         except StoreError:
             self._writes.append_failed()
             raise

@@ -76,6 +76,7 @@ def produce(args: argparse.Namespace, client: Client) -> None:
         "id": args.id,
         "qid": args.qid,
         "headers": headers or None,
+        "delay_ms": args.delay_ms,
     }
     _print({"results": [asdict(r) for r in client.produce(args.topic, [message])]})
 

@@ -196,6 +196,11 @@ def _produce(sub: Commands) -> None:
     p.add_argument("--id", help="message id for dedup (default: none)")
     p.add_argument("--qid", type=_int_at_least(0), help="explicit queue (default: by key)")
     p.add_argument(
+        "--delay-ms",
+        type=_int_at_least(0),
+        help="do not deliver before this many ms from now (default: at once)",
+    )
+    p.add_argument(
         "--header",
         action="append",
         default=[],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cproxy.engine.delays import DelayWindow
 from cproxy.engine.offsets import OffsetTracker
 from cproxy.model import QueueProgress
 
@@ -24,6 +25,7 @@ class QueueCursor:
     """
 
     __slots__ = (
+        "delays",
         "end_offset",
         "epoch",
         "fetch_offset",
@@ -36,7 +38,10 @@ class QueueCursor:
         "topic",
     )
 
-    def __init__(self, topic: str, qid: int, progress: QueueProgress, end_offset: int) -> None:
+    def __init__(
+        self, topic: str, qid: int, progress: QueueProgress, end_offset: int, sample: int = 1000
+    ) -> None:
+        """``sample``: how many released delayed messages a rescan aims to admit."""
         self.topic = topic
         self.qid = qid
         self.end_offset = end_offset
@@ -50,6 +55,8 @@ class QueueCursor:
         #: ``scan_from`` up to ``fetch_offset`` reads them all back, after ``restore``.
         self.scan: dict[str, int] = {}
         self.scan_from = 0
+        #: Unordered delayed messages released from memory (``cproxy.engine.delays``).
+        self.delays = DelayWindow(progress.delayed, sample)
         if progress.read_to is None:
             self.legacy = OffsetTracker(progress.committed, progress.finished)
             self.fetch_offset = self.legacy.base
@@ -68,6 +75,7 @@ class QueueCursor:
         self.legacy = None
         self.restore = []
         self.scan = {}
+        self.delays.reset()
         self.fetch_offset = offset
         self.epoch += 1
 
@@ -100,6 +108,7 @@ class QueueCursor:
             self.fetch_offset = offset
         if self.scan:
             self.scan_from = max(self.scan_from, offset)
+        self.delays.skip_to(offset)
         self.end_offset = max(self.end_offset, self.fetch_offset)
         self.lost += lost
         return lost
@@ -125,6 +134,8 @@ class FetchRequest:
     restore: bool = False
     #: Scans for the stuck chains of before a restart (see ``QueueCursor.scan``).
     scan: bool = False
+    #: Rescans released unordered delayed messages (see ``cproxy.engine.delays``).
+    delayed: bool = False
 
     @property
     def is_reload(self) -> bool:

@@ -11,6 +11,8 @@ Delivery semantics (docs/guarantees.md): a message is handed out only when it is
 its chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while
 the chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or,
 with ``on_exhausted = "block"``, holds its chain until an operator skips or releases it).
+A message with a ``deliver_at_ms`` is not handed out before then (the driver's ``now_ms``
+decides); it holds its own chain only (``cproxy.engine.sequencer``, ``cproxy.engine.delays``).
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ class GroupEngine(Operations):
     def plan_fetches(self, now_ms: int) -> list[FetchRequest]:
         """Reads to make now; empty when the buffer is full or every queue is caught up."""
         self._now_ms = max(self._now_ms, now_ms)
+        self._seq.advance(now_ms)
         return self._reader.plan(now_ms)
 
     def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
@@ -241,8 +244,10 @@ class GroupEngine(Operations):
         return Outcome(applied, unknown)
 
     def tick(self, now_ms: int) -> None:
-        """Expire ack deadlines and make due retries ready."""
+        """Expire ack deadlines, make due retries and delayed messages ready, and wake the
+        sleeping delayed chains due soon (their reloads are planned by the next fetch)."""
         self._now_ms = max(self._now_ms, now_ms)
+        self._seq.advance(now_ms)
         for entry in self._timeouts.pop_due(now_ms):
             del self._in_flight[entry.message.ref]
             self._on_timeout(entry, now_ms)
@@ -255,8 +260,13 @@ class GroupEngine(Operations):
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` next has work (ms), or None."""
-        times = [t for t in (self._timeouts.next_ms(), self._retries.next_ms()) if t is not None]
-        return min(times) if times else None
+        times = (
+            self._timeouts.next_ms(),
+            self._retries.next_ms(),
+            self._seq.next_due_ms(),
+            self._reader.next_rescan_ms(),
+        )
+        return min((t for t in times if t is not None), default=None)
 
     # -- the verbs of a delivery's end ---------------------------------------------------------
     def _on_success(self, entry: Entry, now_ms: int) -> None:

@@ -28,7 +28,11 @@ _STATE_NAMES = {
     State.IN_FLIGHT: "in_flight",
     State.RETRYING: "retrying",
     State.EXHAUSTED: "exhausted",
+    State.DELAYED: "delayed",
 }
+
+#: Head states that do not block their key: ready, or delayed (waiting for its time).
+_NOT_BLOCKED = (State.READY, State.DELAYED)
 
 
 class Operations:
@@ -66,7 +70,7 @@ class Operations:
                     dropped.append(entry)
         dropped += [
             e
-            for e in self._retries.live()
+            for e in (*self._retries.live(), *self._seq.delayed_unordered())
             if e.chain is None and e.message.topic == topic and e.message.qid in qids
         ]
         for entry in dropped:
@@ -105,7 +109,7 @@ class Operations:
         rows: list[BlockedKey] = []
         for chain in self._seq.chains():
             head = chain.head
-            if head is None or head.state is State.READY or (topic and chain.topic != topic):
+            if head is None or head.state in _NOT_BLOCKED or (topic and chain.topic != topic):
                 continue
             rows.append(_row(head, chain.value, len(chain.waiting), chain.is_parked))
         for entry in self._exhausted.values():
@@ -128,9 +132,7 @@ class Operations:
         self._dead_letter(entry, now_ms)
         return entry.message.ref
 
-    def release(
-        self, topic: str, order_value: str | None, ref: MessageRef | None
-    ) -> MessageRef:
+    def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
         """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
         entry = self._find_blocked(topic, order_value, ref)
         self._exhausted.pop(entry.message.ref, None)
@@ -138,9 +140,7 @@ class Operations:
         self._seq.retry_now(entry)
         return entry.message.ref
 
-    def _find_blocked(
-        self, topic: str, order_value: str | None, ref: MessageRef | None
-    ) -> Entry:
+    def _find_blocked(self, topic: str, order_value: str | None, ref: MessageRef | None) -> Entry:
         entry: Entry | None = None
         if order_value is not None:
             chain = self._seq.chain(topic, order_value)
@@ -172,7 +172,7 @@ class Operations:
         tally = self._tally
         chains = list(self._seq.chains())
         blocked_heads = [
-            c for c in chains if c.head is not None and c.head.state is not State.READY
+            c for c in chains if c.head is not None and c.head.state not in _NOT_BLOCKED
         ]
         blocked = len(blocked_heads) + sum(1 for e in self._exhausted.values() if e.chain is None)
         # Messages waiting behind a blocked head do not count in lag_excluding_parked.
@@ -232,8 +232,10 @@ class Operations:
             blocked_keys=blocked,
             parked_keys=sum(1 for c in chains if c.is_parked),
             pending_dead_letters=len(self._pending.dead_letters),
+            delayed=tally.count(State.DELAYED)
+            + self._seq.sleeping()
+            + self._reader.delayed_released(),
         )
-
 
     def release_uncharged(
         self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int] | None = None

@@ -9,7 +9,8 @@ message; finishing a message costs nothing here.
 The persisted form (``QueueProgress`` with ``read_to``) lists the held offsets as ranges and
 each parked chain as (order value, first unread offset), so its size is bounded by the messages
 held in memory (at most ``max_buffered``; in a steady flow about the messages in flight) plus
-the number of parked keys, however many messages finish behind a stuck key.
+the number of parked keys, however many messages finish behind a stuck key. Unordered delayed
+messages released from memory add a few offset segments (``cproxy.engine.delays``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ def committed_offset(cur: QueueCursor, held: set[int], parked: list[tuple[str, i
         min((offset for _, offset in parked), default=cur.fetch_offset),
         min((start for start, _ in cur.restore), default=cur.fetch_offset),
         min((offset for _, offset in cur.scan_pairs()), default=cur.fetch_offset),
+        _first_released(cur),
     )
+
+
+def _first_released(cur: QueueCursor) -> int:
+    first = cur.delays.first_offset()
+    return cur.fetch_offset if first is None else first
 
 
 def _ranges(offsets: Iterable[int]) -> list[tuple[int, int]]:
@@ -95,6 +102,7 @@ def queue_progress(
         read_to=cur.fetch_offset,
         open=tuple(opened),
         parked=tuple(sorted(firsts.items())),
+        delayed=cur.delays.persisted(),
     )
 
 

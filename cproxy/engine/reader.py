@@ -10,7 +10,9 @@ driver makes and hands back unchanged (``cproxy.broker.drive``):
   stopped, so nothing past a cut is lost.
 
 Memory stays within ``max_buffered``: reads are planned for the free space only, admission
-stops at the bound, and chains whose head is stuck are parked when they fill the buffer.
+stops at the bound, and chains whose head is stuck (or delayed) are parked when they fill the
+buffer. Unordered delayed messages due far off are not held at all: a third kind of read, a
+*delay rescan*, finds them again when they are due (``cproxy.engine.delays``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from cproxy.engine.cursor import FetchRequest, QueueCursor
-from cproxy.engine.sequencer import Chain, Sequencer
+from cproxy.engine.sequencer import WAKE_LEAD_MS, Chain, Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 
@@ -35,6 +37,8 @@ PARK_CHECK_INTERVAL_MS = 100
 def _is_stuck(head: Entry, now_ms: int) -> bool:
     if head.state in (State.RETRYING, State.EXHAUSTED):
         return True
+    if head.state is State.DELAYED:
+        return head.due_ms - now_ms > WAKE_LEAD_MS  # else it is about to be ready
     return head.state is State.IN_FLIGHT and (
         head.attempt > 1 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
     )
@@ -72,8 +76,9 @@ class Reader:
         """``screen(message, first_read)`` gives the entry to hold for a read message, or
         None when it is not held (a group's filter); ``first_read`` is False when a message
         is read again (a reload). None: every message is held as it is."""
+        sample = max(1, max_buffered // 4)
         self._cursors = {
-            ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0))
+            ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0), sample)
             for ref, p in progress.items()
         }
         self._max_buffered = max_buffered
@@ -115,9 +120,12 @@ class Reader:
     # -- planning ------------------------------------------------------------------------------
     def plan(self, now_ms: int) -> list[FetchRequest]:
         """Reads to make now: reloads of parked chains first, then new messages."""
+        self._seq.note_time(now_ms)
         self._park_if_stuck(now_ms)
         space = self._max_buffered - self._tally.held
         requests: list[FetchRequest] = []
+        for cur in self._cursors.values():
+            space -= self._plan_delay_rescan(cur, now_ms, space, requests)
         # Ranges held in memory before a restart come back first, whole, in offset order.
         for cur in self._cursors.values():
             if cur.restore and space > 0:
@@ -162,9 +170,7 @@ class Reader:
         for chain in deferred:
             self._seq.reload_later(chain)
         curs = [
-            p
-            for p in self._cursors.values()
-            if p.fetch_offset < p.end_offset and not p.catching_up
+            p for p in self._cursors.values() if p.fetch_offset < p.end_offset and not p.catching_up
         ]
         if not curs or space <= 0:
             return requests
@@ -174,11 +180,32 @@ class Reader:
             count = min(share, space, cur.end_offset - cur.fetch_offset)
             if count <= 0:
                 break
-            requests.append(
-                FetchRequest(cur.topic, cur.qid, cur.fetch_offset, count, cur.epoch)
-            )
+            requests.append(FetchRequest(cur.topic, cur.qid, cur.fetch_offset, count, cur.epoch))
             space -= count
         return requests
+
+    def _plan_delay_rescan(
+        self, cur: QueueCursor, now_ms: int, space: int, requests: list[FetchRequest]
+    ) -> int:
+        """Plan the next read of the queue's delay rescan, starting one when due (even
+        without buffer space: it reads when there is); returns the space it may use."""
+        read = cur.delays.next_read(now_ms, cur.fetch_offset, RELOAD_SCAN_BATCH)
+        if read is None or space <= 0:
+            return 0
+        start, count, upto = read
+        requests.append(
+            FetchRequest(cur.topic, cur.qid, start, count, cur.epoch, upto=upto, delayed=True)
+        )
+        return min(space, count)
+
+    def next_rescan_ms(self) -> int | None:
+        """When a delay rescan should next start (ms), or None."""
+        times = [t for c in self._cursors.values() if (t := c.delays.rescan_at_ms()) is not None]
+        return min(times, default=None)
+
+    def delayed_released(self) -> int:
+        """Unordered delayed messages released from memory (as far as known)."""
+        return sum(c.delays.released for c in self._cursors.values())
 
     def _park_if_stuck(self, now_ms: int) -> None:
         """Release waiting messages of stuck chains when they fill the buffer.
@@ -191,7 +218,7 @@ class Reader:
         limit = self._max_buffered
         if (
             self._tally.held < limit
-            or self._tally.count(State.WAITING) == 0
+            or self._tally.count(State.WAITING) + self._tally.count(State.DELAYED) == 0
             or now_ms < self._next_park_check_ms
         ):
             return
@@ -213,6 +240,9 @@ class Reader:
             return
         if request.scan:
             self._take_scan(request, cur, messages)
+            return
+        if request.delayed:
+            self._take_delay_rescan(request, cur, messages)
             return
         if cur.fetch_offset != request.from_offset:
             return  # overtaken by an offer: stale
@@ -287,19 +317,49 @@ class Reader:
         if cur.scan_from >= request.upto:
             cur.scan.clear()
 
+    def _take_delay_rescan(
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+    ) -> None:
+        def admit(message: Message) -> bool:
+            if self._tally.held >= self._max_buffered:
+                return False
+            entry = self._screen(message, True)  # its first screening
+            if entry is not None:
+                self._seq.admit(entry, None)
+            return True
+
+        cur.delays.take_rescan(
+            request.from_offset,
+            request.max_count,
+            request.upto,
+            messages,
+            lambda m: (
+                self._extract(m) is None
+                and m.offset not in self._tally.held_offsets(cur.topic, cur.qid)
+            ),
+            admit,
+        )
+
     def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
         limit = self._max_buffered
+        window = cur.delays
         for message in messages:
             if cur.is_finished(message.offset):
                 cur.fetch_offset = message.offset + 1
                 continue  # finished before a restart
+            due = message.deliver_at_ms
+            value = self._extract(message)
+            if due is not None and value is None and window.releases(due):
+                window.release(message.offset, due)  # far off: found again by a rescan
+                cur.fetch_offset = message.offset + 1
+                continue
             if self._tally.held >= limit:
                 # An offer() on another queue may have used the space this read was
                 # planned with: stop here and read the rest later.
                 break
             entry = self._screen(message, True)
             if entry is not None:
-                self._seq.admit(entry, self._extract(message))
+                self._seq.admit(entry, value)
             cur.fetch_offset = message.offset + 1
         cur.end_offset = max(cur.end_offset, cur.fetch_offset)
 
@@ -315,9 +375,7 @@ class Reader:
             return  # a seek dropped this queue's parked state meanwhile
         # Where the scan stopped: a full read may have more behind it; a short one reached
         # the end of what the store holds below ``upto``.
-        scanned_to = (
-            messages[-1].offset + 1 if len(messages) >= request.max_count else request.upto
-        )
+        scanned_to = messages[-1].offset + 1 if len(messages) >= request.max_count else request.upto
         for message in messages:
             offset = message.offset
             if offset >= request.upto:

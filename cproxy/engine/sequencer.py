@@ -15,58 +15,77 @@ and the chain remembers, per queue, the earliest offset it dropped. Messages of 
 that arrive later are dropped too. When the chain runs dry it asks to be *reloaded* from the
 store from that offset.
 
+*Delayed* messages (``deliver_at_ms`` still ahead) head their chain like any other but are
+DELAYED, not ready, until their time (a due-time heap, ``advance``): later messages of their
+order value wait behind them, other keys flow. A delayed head due more than
+``SLEEP_BEYOND_MS`` away is not held at all: its chain is parked whole, head included, and
+*sleeps* until ``WAKE_LEAD_MS`` before the head is due, when it is reloaded like any parked
+chain. A delayed key then costs one parked-chain record (order value + first offset and a
+wake time), never its messages. When the buffer is full, chains whose head is delayed are
+put to sleep too (``park_stuck``), so delayed heads never keep undelayed keys out.
+Unordered delayed messages hold no chain; the reader keeps those that are far off out of
+memory (``cproxy.engine.delays``).
+
 The ``Sequencer`` owns chains and ready queues (parallel-consumer's ``ShardManager``): callers
 use its verbs and never reach into a chain's containers.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.work import Entry, State, Tally
 
 _READY = State.READY
 _WAITING = State.WAITING
+_DELAYED = State.DELAYED
+
+#: A delayed chain head due further than this (ms) from now is not held: the chain sleeps.
+SLEEP_BEYOND_MS = 3000
+#: A sleeping chain is reloaded this long (ms) before its head is due. Over a second: the
+#: driver's timer wakes at least once a second and then sleeps until the next due time, so
+#: a head read back this early is handed out on time.
+WAKE_LEAD_MS = 1500
 
 
 class _NoEntries(deque[Entry]):
-    """The one shared, always-empty ``waiting``/``run`` of chains that hold only a head.
+    """The shared, always empty ``run``/``waiting`` of chains that hold nothing there: an
+    empty deque costs ~600 B, which a parked or sleeping key should not pay. Writing to it
+    is a bug (the sequencer gives a chain its own deque first)."""
 
-    An empty ``deque`` costs about 760 bytes; most chains never hold more than their head,
-    so they share this one instead (half of the memory of a key in memory). It refuses to
-    grow: the sequencer swaps in a real deque before its first append.
-    """
+    def append(self, entry: Entry, /) -> None:
+        raise AssertionError("a chain's shared empty deque was written to")
 
-    __slots__ = ()
-
-    def append(self, entry: Entry) -> None:
-        raise AssertionError("append to the shared empty chain container")
-
-    def appendleft(self, entry: Entry) -> None:
-        raise AssertionError("append to the shared empty chain container")
+    def appendleft(self, entry: Entry, /) -> None:
+        raise AssertionError("a chain's shared empty deque was written to")
 
 
-_NONE: deque[Entry] = _NoEntries()
+_NO_ENTRIES = _NoEntries()
 
 
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
-    __slots__ = ("head", "parked", "reloading", "run", "topic", "value", "waiting")
+    __slots__ = ("head", "parked", "reloading", "run", "topic", "value", "waiting", "wake_ms")
 
     def __init__(self, topic: str, value: str) -> None:
         self.topic = topic
         self.value = value
         self.head: Entry | None = None
         #: Messages handed out together with the head (a same-key run), in offset order.
-        self.run: deque[Entry] = _NONE
-        self.waiting: deque[Entry] = _NONE
+        self.run: deque[Entry] = _NO_ENTRIES
+        self.waiting: deque[Entry] = _NO_ENTRIES
         #: qid -> earliest offset dropped from memory and not yet reloaded.
         self.parked: dict[int, int] = {}
         #: qid -> where a reload under way started; while one runs, arrivals stay parked to
         #: keep offset order.
         self.reloading: dict[int, int] = {}
+        #: Set while the chain sleeps (its delayed head released too): when to reload it (ms).
+        self.wake_ms: int | None = None
 
     @property
     def is_parked(self) -> bool:
@@ -106,7 +125,16 @@ class _ReadyQueue:
 class Sequencer:
     """Chains and ready queues of one group, keyed by (topic, order value)."""
 
-    __slots__ = ("_chains", "_ready", "_reloads", "_tally")
+    __slots__ = (
+        "_chains",
+        "_delayed",
+        "_now_ms",
+        "_ready",
+        "_reloads",
+        "_sleep_seq",
+        "_sleeping",
+        "_tally",
+    )
 
     def __init__(self, topics: list[str], tally: Tally) -> None:
         self._tally = tally
@@ -114,6 +142,14 @@ class Sequencer:
         self._ready = {topic: _ReadyQueue() for topic in topics}
         #: Chains that ran dry with parked messages: the reader plans their reloads.
         self._reloads: list[Chain] = []
+        #: DELAYED entries by due time (at most the held entries, with lazy deletion).
+        self._delayed = DeadlineHeap(lambda when, e: e.state is _DELAYED and e.due_ms == when)
+        #: Sleeping chains by wake time: (wake_ms, tie breaker, chain), one per sleeping key;
+        #: an item is stale when the chain's ``wake_ms`` no longer matches.
+        self._sleeping: list[tuple[int, int, Chain]] = []
+        self._sleep_seq = itertools.count()
+        #: The latest time the driver told us (ms): decides whether a new head is due.
+        self._now_ms = 0
 
     # -- admission -----------------------------------------------------------------------------
     def admit(self, entry: Entry, value: str | None, *, force: bool = False) -> bool:
@@ -124,7 +160,7 @@ class Sequencer:
         cannot be read back from the store).
         """
         if value is None:
-            self._make_ready(entry, reactivated=False)
+            self._make_head(entry, reactivated=False)
             return True
         key = (entry.message.topic, value)
         chain = self._chains.get(key)
@@ -138,21 +174,91 @@ class Sequencer:
 
     def admit_reloaded(self, entry: Entry, chain: Chain) -> None:
         """Hold a message read back for a parked chain (a reload), in offset order."""
+        if chain.wake_ms is not None:
+            # The reload found a far delayed head and put the chain to sleep: the rest of
+            # what it reads waits parked behind that head.
+            chain.note_parked(entry.message.qid, entry.message.offset)
+            return
         self._join(entry, chain, reactivated=True)
 
     def _join(self, entry: Entry, chain: Chain, *, reactivated: bool) -> None:
         entry.chain = chain
         if chain.head is None:
             chain.head = entry
-            self._make_ready(entry, reactivated=reactivated)
+            self._make_head(entry, reactivated=reactivated)
         else:
-            if chain.waiting is _NONE:
+            if chain.waiting is _NO_ENTRIES:
                 chain.waiting = deque()
             chain.waiting.append(entry)
             self._tally.move(entry, _WAITING)
 
     def chain(self, topic: str, value: str) -> Chain | None:
         return self._chains.get((topic, value))
+
+    # -- delays --------------------------------------------------------------------------------
+    def _make_head(self, entry: Entry, *, reactivated: bool) -> None:
+        """``entry`` may be handed out next: ready, DELAYED until its ``deliver_at_ms``, or,
+        for a chain head due later than ``SLEEP_BEYOND_MS`` from now, not held (the chain
+        sleeps). Only a first delivery waits: a redriven dead letter, a message sent back
+        from a run or released by an operator was due already."""
+        due = entry.message.deliver_at_ms
+        if due is None or due <= self._now_ms or entry.attempt or entry.redriven:
+            self._make_ready(entry, reactivated=reactivated)
+            return
+        entry.due_ms = due
+        chain = entry.chain
+        if chain is not None and due - self._now_ms > SLEEP_BEYOND_MS and not chain.run:
+            self._tally.move(entry, _DELAYED)  # counted while the chain is put to sleep
+            self._sleep(chain)
+            return
+        self._tally.move(entry, _DELAYED)
+        self._delayed.push(due, entry)
+
+    def note_time(self, now_ms: int) -> None:
+        """The driver's clock (ms): heads due by then are ready when they are admitted."""
+        self._now_ms = max(self._now_ms, now_ms)
+
+    def advance(self, now_ms: int) -> None:
+        """Make delayed heads due by ``now_ms`` ready and wake the sleeping chains due
+        soon (queued for a reload, which the next fetch plans)."""
+        self.note_time(now_ms)
+        for entry in self._delayed.pop_due(now_ms):
+            self._make_ready(entry, reactivated=False)
+        sleeping = self._sleeping
+        while sleeping and sleeping[0][0] <= now_ms:
+            when, _, chain = heapq.heappop(sleeping)
+            if chain.wake_ms != when:
+                continue  # stale: woken already
+            chain.wake_ms = None
+            if chain.head is None and chain.parked and not chain.reloading:
+                self._reloads.append(chain)
+        self._delayed.compact(self._tally.count(_DELAYED))
+
+    def next_due_ms(self) -> int | None:
+        """When ``advance`` next has work (ms), or None."""
+        times = [self._delayed.next_ms(), self._sleeping[0][0] if self._sleeping else None]
+        return min((t for t in times if t is not None), default=None)
+
+    def sleeping(self) -> int:
+        """How many chains sleep (a far delayed head released from memory)."""
+        return sum(1 for c in self._chains.values() if c.wake_ms is not None)
+
+    def _sleep(self, chain: Chain) -> None:
+        """Release the DELAYED head of ``chain`` and every message waiting behind it; the
+        chain is reloaded ``WAKE_LEAD_MS`` before the head is due."""
+        head = chain.head
+        assert head is not None and head.state is _DELAYED
+        chain.head = None
+        for entry in (head, *chain.waiting):
+            chain.note_parked(entry.message.qid, entry.message.offset)
+            self._tally.move(entry, State.OUT)
+        chain.waiting = _NO_ENTRIES
+        wake = chain.wake_ms = max(self._now_ms, head.due_ms - WAKE_LEAD_MS)
+        heapq.heappush(self._sleeping, (wake, next(self._sleep_seq), chain))
+
+    def delayed_unordered(self) -> list[Entry]:
+        """Unordered DELAYED entries (for a seek)."""
+        return [e for e in self._delayed.live() if e.chain is None]
 
     # -- ready work ----------------------------------------------------------------------------
     def _make_ready(self, entry: Entry, *, reactivated: bool) -> None:
@@ -173,19 +279,23 @@ class Sequencer:
 
     # -- same-key runs --------------------------------------------------------------------------
     def take_run(self, chain: Chain, count: int) -> list[Entry]:
-        """Up to ``count`` waiting entries to hand out with the head (the caller sends them)."""
+        """Up to ``count`` waiting entries to hand out with the head (the caller sends them);
+        a run stops before a message that is not due yet."""
         out: list[Entry] = []
-        if chain.run is _NONE and chain.waiting and count > 0:
-            chain.run = deque()
         while len(out) < count and chain.waiting:
+            due = chain.waiting[0].message.deliver_at_ms
+            if due is not None and due > self._now_ms:
+                break
             entry = chain.waiting.popleft()
+            if chain.run is _NO_ENTRIES:
+                chain.run = deque()
             chain.run.append(entry)
             out.append(entry)
         return out
 
     def send_back(self, chain: Chain, entries: list[Entry]) -> None:
         """Run members go back behind the head, in order, to wait for their turn again."""
-        if chain.waiting is _NONE and entries:
+        if chain.waiting is _NO_ENTRIES:
             chain.waiting = deque()
         for entry in reversed(entries):
             chain.run.remove(entry)
@@ -196,7 +306,7 @@ class Sequencer:
         """A run member (not the head) finished before the head did."""
         chain.run.remove(entry)
         if not chain.run:
-            chain.run = _NONE
+            chain.run = _NO_ENTRIES
 
     # -- finishing -----------------------------------------------------------------------------
     def head_done(self, chain: Chain) -> None:
@@ -209,14 +319,14 @@ class Sequencer:
         if chain.run:
             chain.head = chain.run.popleft()
             if not chain.run:
-                chain.run = _NONE
+                chain.run = _NO_ENTRIES
             return
         if chain.waiting:
             nxt = chain.waiting.popleft()
             if not chain.waiting:
-                chain.waiting = _NONE  # an idle key goes back to the small form
+                chain.waiting = _NO_ENTRIES  # an idle key goes back to the small form
             chain.head = nxt
-            self._make_ready(nxt, reactivated=True)
+            self._make_head(nxt, reactivated=True)
             return
         chain.head = None
         if chain.parked and not chain.reloading:
@@ -226,22 +336,40 @@ class Sequencer:
 
     # -- parking and reloads -------------------------------------------------------------------
     def park_stuck(self, is_stuck: Callable[[Entry], bool], until_held: int) -> None:
-        """Park chains whose head is stuck, most waiting first, until ``until_held`` is met."""
-        candidates = [c for c in self._chains.values() if c.waiting]
+        """Park chains whose head is stuck, most waiting first, until ``until_held`` is met.
+
+        A chain whose head is delayed is put to sleep whole (head included): a buffer full
+        of delayed heads from many keys must not keep undelayed keys out.
+        """
+        candidates = [
+            c
+            for c in self._chains.values()
+            if c.waiting or (c.head is not None and c.head.state is _DELAYED and not c.run)
+        ]
         candidates.sort(key=lambda c: len(c.waiting), reverse=True)
         for chain in candidates:
             if chain.head is None or not is_stuck(chain.head):
                 continue
+            if chain.head.state is _DELAYED and not chain.run:
+                self._sleep(chain)
+                if self._tally.held <= until_held:
+                    break
+                continue
             for entry in chain.waiting:
                 chain.note_parked(entry.message.qid, entry.message.offset)
                 self._tally.move(entry, State.OUT)
-            chain.waiting = _NONE
+            chain.waiting = _NO_ENTRIES
             if self._tally.held <= until_held:
                 break
 
     def next_reload(self) -> Chain | None:
         """A chain to reload, or None; the caller marks each read in ``chain.reloading``."""
-        return self._reloads.pop() if self._reloads else None
+        while self._reloads:
+            chain = self._reloads.pop()
+            if chain.wake_ms is None:
+                return chain
+            # Asleep: ``advance`` queues it again when it wakes.
+        return None
 
     def reload_later(self, chain: Chain) -> None:
         """``chain`` still has parked queues that could not be read yet: plan them again."""
@@ -289,7 +417,7 @@ class Sequencer:
                 gone = [e for e in held if hit(e)]
                 if gone:
                     kept = deque(e for e in held if not hit(e))
-                    setattr(chain, name, kept if kept else _NONE)
+                    setattr(chain, name, kept if kept else _NO_ENTRIES)
                     dropped.extend(gone)
             for qid in qids:
                 chain.parked.pop(qid, None)

@@ -93,6 +93,9 @@ class GroupStats:
     parked_keys: int
     #: Dead letters decided but not yet persisted (the next commit writes them).
     pending_dead_letters: int
+    #: Delayed messages not due yet: held in memory, heading a sleeping chain (one per
+    #: key), or released from memory (unordered; exact after each rescan).
+    delayed: int = 0
 
 
 @dataclass(frozen=True, slots=True)

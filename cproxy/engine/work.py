@@ -9,6 +9,7 @@ counter by hand.
 States, and who moves an entry between them::
 
     OUT -admit-> READY (heads its chain) or WAITING -head finished-> READY
+    OUT/WAITING -becomes head, ``deliver_at_ms`` still ahead-> DELAYED -due-> READY
     READY -pull-> IN_FLIGHT -ack or dead letter-> OUT
     IN_FLIGHT -fail or timeout-> RETRYING -due-> READY
     IN_FLIGHT -out of attempts, on_exhausted "block"-> EXHAUSTED -skip/release-> OUT/READY
@@ -38,14 +39,23 @@ class State(enum.IntEnum):
     RETRYING = 3
     #: Out of attempts with ``on_exhausted = "block"``: waits for an operator.
     EXHAUSTED = 4
+    #: Heads its chain (or is unordered) but its ``deliver_at_ms`` has not come yet.
+    DELAYED = 5
     #: Not held in memory (see the module docstring).
-    OUT = 5
+    OUT = 6
 
 
 _OUT = State.OUT
 
 #: Every state an entry held in memory can be in: what ``max_buffered`` bounds.
-HELD = (State.WAITING, State.READY, State.IN_FLIGHT, State.RETRYING, State.EXHAUSTED)
+HELD = (
+    State.WAITING,
+    State.READY,
+    State.IN_FLIGHT,
+    State.RETRYING,
+    State.EXHAUSTED,
+    State.DELAYED,
+)
 
 
 class Entry:
@@ -75,7 +85,7 @@ class Entry:
         self.state = State.OUT
         #: Ack deadline of the current delivery (ms since the epoch, the driver's clock).
         self.deadline_ms = 0
-        #: When a retrying entry becomes ready again (ms).
+        #: When a retrying or delayed entry becomes ready (ms).
         self.due_ms = 0
         self.last_error: str | None = None
         #: Redriven dead letters are outside offset tracking (their offset is committed).

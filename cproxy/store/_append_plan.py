@@ -62,7 +62,9 @@ def plan(
         if dedup and m.id is not None:
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
-        message = Message(topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts)
+        message = Message(
+            topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts, m.deliver_at_ms
+        )
         group = out.stored.get(qid)
         if group is None:
             out.stored[qid] = [message]

@@ -34,7 +34,9 @@ from cproxy.store._retention import message_bytes
 #: The per-message fields a record stores, in ``Message`` field order after ``offset`` (the
 #: order ``Message(topic, qid, offset, *record)`` takes them). THE line to change when a
 #: per-message field is added to ``Message`` (see the module docstring).
-RECORD_FIELDS: tuple[str, ...] = ("key", "body_json", "headers_json", "id", "produced_at_ms")
+RECORD_FIELDS: tuple[str, ...] = (
+    "key", "body_json", "headers_json", "id", "produced_at_ms", "deliver_at_ms"
+)  # fmt: skip
 
 _MESSAGE_FIELDS = tuple(f.name for f in fields(Message))
 if _MESSAGE_FIELDS[3 : 3 + len(RECORD_FIELDS)] != RECORD_FIELDS or set(_MESSAGE_FIELDS[3:]) != set(

@@ -180,8 +180,9 @@ class MemoryStore:
             last = batch[-1] if batch else (stored[-1] if stored else None)
             produced_at = now_ms if last is None else max(now_ms, last.produced_at_ms)
             message = Message(
-                topic, qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at
-            )
+                topic, qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at,
+                m.deliver_at_ms,
+            )  # fmt: skip
             batch.append(message)
             if m.id is not None and dedup_window_ms > 0:
                 new_ids[m.id] = (qid, offset, produced_at)

@@ -70,9 +70,7 @@ def test_plain_offsets_stay_unfenced_and_fenced_fails_work(server: RunningServer
         wait_until(lambda: bool(again.extend(pull(client)) or again), 5)
         assert again[0]["attempt"] == 2
         lease = {"topic": "t", "qid": 0, "offset": first["offset"]}
-        r = client.post(
-            "/v1/groups/g/extend", json={"messages": [lease], "ack_timeout_ms": 60_000}
-        )
+        r = client.post("/v1/groups/g/extend", json={"messages": [lease], "ack_timeout_ms": 60_000})
         assert r.json()["applied"] == 1
         # A plain offset answers whatever delivery is current (documented as unfenced).
         nxt = pull(client, results=[_ack(first, fenced=False)])

@@ -59,11 +59,20 @@ class Harness:
         return self.engine
 
     def produce(
-        self, key: str | None, body: Any = None, qid: int = 0, topic: str | None = None
+        self,
+        key: str | None,
+        body: Any = None,
+        qid: int = 0,
+        topic: str | None = None,
+        delay_ms: int | None = None,
     ) -> Message:
+        """Append a message (delayed by ``delay_ms`` from the harness clock, if given)."""
         topic = topic or self.topic
         queue = self.log[(topic, qid)]
-        message = Message(topic, qid, len(queue), key, orjson.dumps(body), None, None, self.now)
+        due = None if delay_ms is None else self.now + delay_ms
+        message = Message(
+            topic, qid, len(queue), key, orjson.dumps(body), None, None, self.now, due
+        )
         queue.append(message)
         self.engine.note_end(topic, qid, len(queue))
         return message

@@ -9,9 +9,14 @@ import pytest
 from tests.engine.harness import Harness
 
 
+@pytest.mark.parametrize("delays", [False, True])
 @pytest.mark.parametrize("per_key", [1, 4])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -> None:
+def test_random_workload_keeps_order_bound_and_counts(
+    seed: int, per_key: int, delays: bool
+) -> None:
+    """With ``delays``, a third of the messages are delayed (some far enough off to be
+    released from memory): none is handed out early, and order and the bound still hold."""
     rng = random.Random(seed)
     max_buffered = rng.choice([5, 12, 40])
     h = Harness(
@@ -29,13 +34,17 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -
         op = rng.random()
         if op < 0.35:
             key = rng.choice(keys)
-            m = h.produce(key, qid=rng.randrange(2))
+            delay = rng.choice([None, None, 100, 1500, 5000]) if delays else None
+            m = h.produce(key, qid=rng.randrange(2), delay_ms=delay)
             produced.setdefault(key, []).append((m.qid, m.offset))
             if rng.random() < 0.5:
                 h.engine.offer("t", m.qid, [m])
         elif op < 0.75:
             h.fetch()
             got = h.engine.pull(rng.randrange(1, 8), None, h.now, max_per_key=per_key)
+            for d in got:
+                due = d.message.deliver_at_ms
+                assert due is None or due <= h.now, "handed out before deliver_at_ms"
             values = [d.message.key for d in got if d.message.key is not None]
             if per_key == 1:
                 assert len(values) == len(set(values)), "two messages of one key in one pull"
@@ -68,13 +77,12 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -
         else:
             h.advance(rng.choice([1, 30, 60, 1000]))
             # Whatever timed out is no longer in flight for us either.
-            live = {
-                (b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "in_flight"
-            }
+            live = {(b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "in_flight"}
             for ref in [r for r, k in in_flight.items() if k is not None and r not in live]:
                 del in_flight[ref]
         s = h.engine.stats()
-        assert s.buffered == s.ready + s.in_flight + s.waiting + s.retrying + s.exhausted
+        held_delayed = s.buffered - (s.ready + s.in_flight + s.waiting + s.retrying + s.exhausted)
+        assert 0 <= held_delayed <= s.delayed if delays else held_delayed == 0
         assert s.buffered <= max_buffered
         assert s.ready >= 0 and s.waiting >= 0 and s.retrying >= 0
     # Drain: everything produced ends acked, each key in produce order.
@@ -82,9 +90,11 @@ def test_random_workload_keeps_order_bound_and_counts(seed: int, per_key: int) -
         h.advance(6_000)
         h.fetch()
         got = h.engine.pull(50, None, h.now, max_per_key=per_key)
-        if not got and h.engine.stats().buffered == 0:
+        if not got and h.engine.stats().buffered == 0 and h.engine.stats().delayed == 0:
             break
         for d in got:
+            due = d.message.deliver_at_ms
+            assert due is None or due <= h.now, "handed out before deliver_at_ms"
             if h.ack(d).applied:
                 acked.setdefault(d.message.key, []).append((d.message.qid, d.message.offset))
     for key, refs in produced.items():

@@ -104,6 +104,23 @@ async def test_append_stores_every_field(store: Store) -> None:
     ]
 
 
+async def test_deliver_at_is_stored_and_read_back(store: Store) -> None:
+    await store.create_topic("t", 1)
+    results = await store.append(
+        "t",
+        [
+            NewMessage("k", b"1", qid=0, deliver_at_ms=T0 + 60_000),
+            NewMessage("k", b"2", qid=0),
+            NewMessage(None, b"3", qid=0, deliver_at_ms=2**62),
+        ],
+        T0,
+        WINDOW,
+    )
+    read = await store.read("t", 0, 0, 10)
+    assert [m.deliver_at_ms for m in read] == [T0 + 60_000, None, 2**62]
+    assert [r.message for r in results] == read
+
+
 async def test_append_results_carry_the_stored_message(store: Store) -> None:
     await store.create_topic("t", 2)
     results = await store.append(

@@ -390,3 +390,12 @@ def test_fields_of_newer_servers_are_shown(page: ConsolePage, client: httpx.Clie
         page.driver.execute_cdp_cmd(  # type: ignore[attr-defined]
             "Page.removeScriptToEvaluateOnNewDocument", {"identifier": script["identifier"]}
         )
+
+
+def test_delayed_messages_are_shown(page: ConsolePage, client: httpx.Client) -> None:
+    create_topic(client, "later", queues=1)
+    put_group(client, "later-g", {"later": "key"})
+    produce(client, "later", [{"key": "k", "body": 1, "delay_ms": 600_000}, {"body": 2}])
+    page.open()
+    page.wait_stat("later-g", "delayed", "1")
+    page.wait_stat("later-g", "ready", "1")

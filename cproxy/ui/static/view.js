@@ -154,6 +154,7 @@ function groupCard(g, now) {
     stat("blocked_keys", "blocked keys", num(s.blocked_keys)),
     stat("dead_lettered", "dead letters", num(s.dead_lettered), null, s.dead_lettered > 0 ? "bad" : ""),
     "filtered" in s ? stat("filtered", "filtered", num(s.filtered)) : null,
+    "delayed" in s ? stat("delayed", "delayed", num(s.delayed)) : null,
     "lost_to_retention" in s ? stat("lost_to_retention", "lost to retention", num(s.lost_to_retention), null, s.lost_to_retention > 0 ? "bad" : "") : null));
   const queues = s.queues.map((q) => h("tr", { dataset: { topic: q.topic, qid: q.qid } },
     h("td", {}, q.topic), h("td", { class: "num" }, q.qid), h("td", { class: "num", dataset: { col: "committed" } }, num(q.committed_offset)),
