@@ -45,8 +45,8 @@ logger = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
 
-#: ``(app state, path parameters, token, decoded body) -> JSON answer bytes``.
-Handler = Callable[[Any, dict[str, str], Token | None, B], Awaitable[bytes]]
+#: ``(app state, path parameters, token, decoded body, body bytes) -> JSON answer bytes``.
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes], Awaitable[bytes]]
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _AT = re.compile(r"^(.*) - at `\$(.*)`$", re.DOTALL)
@@ -124,7 +124,7 @@ class LeanEndpoint(Generic[B]):
         if problem is not None:
             raise problem
         assert body is not None
-        return await self.handler(state, params, token, body)
+        return await self.handler(state, params, token, body, raw)
 
 
 class _Disconnected(Exception):
@@ -211,7 +211,9 @@ def results(items: list[QueueResults]) -> list[Result]:
     return out
 
 
-async def _produce(state: Any, params: dict[str, str], token: Token | None, body: Produce) -> bytes:
+async def _produce(
+    state: Any, params: dict[str, str], token: Token | None, body: Produce, raw: bytes
+) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
         raise TooLarge(
@@ -219,11 +221,13 @@ async def _produce(state: Any, params: dict[str, str], token: Token | None, body
             f"{limits.max_messages_per_call}"
         )
     broker: Broker = state.broker
-    stored = await broker.produce(params["topic"], new_messages(body.messages, limits))
+    stored = await broker.produce(params["topic"], new_messages(body.messages, limits, raw))
     return wire.produce_answer(stored)
 
 
-async def _pull(state: Any, params: dict[str, str], token: Token | None, body: Pull) -> bytes:
+async def _pull(
+    state: Any, params: dict[str, str], token: Token | None, body: Pull, raw: bytes
+) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
     broker: Broker = state.broker
@@ -238,7 +242,9 @@ async def _pull(state: Any, params: dict[str, str], token: Token | None, body: P
     return orjson.dumps(wire.pull_result(answer, runs=body.max_per_key > 1))
 
 
-async def _ack(state: Any, params: dict[str, str], token: Token | None, body: Ack) -> bytes:
+async def _ack(
+    state: Any, params: dict[str, str], token: Token | None, body: Ack, raw: bytes
+) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])
     broker: Broker = state.broker

@@ -1,19 +1,23 @@
 """Produced messages, from the decoded request to ``NewMessage``: each body checked once and
 stored as the bytes the client sent.
 
-msgspec hands each ``body`` over as ``Raw`` (the JSON bytes of the value, already checked for
-JSON syntax, NaN/Infinity and lone surrogates). Those bytes are stored as they are when they
-cannot differ in meaning from what parsing and re-encoding would store: ASCII only (so valid
-UTF-8), no number that could exceed a double's precision or range (no run of 16+ digits, no
-exponent) and too short to nest 255 levels deep. Any other body takes the old path: parsed
-and encoded by orjson, so big integers become floats (docs/api.md), ``1e400`` is refused
-(400), invalid UTF-8 is refused (400) and deeper nesting than orjson stores is a 422.
-The checks are a few C-level scans, far cheaper than parsing and encoding in Python.
+msgspec hands each ``body`` over as ``Raw``: the JSON bytes of the value, already checked for
+JSON syntax, NaN/Infinity and lone surrogates. Those bytes are stored as they are when their
+meaning cannot differ from what parsing and re-encoding would store: ASCII only (so valid
+UTF-8), no integer of 20+ digits (orjson reads those as floats, docs/api.md), no exponent of
+3+ digits (``1e400`` is out of a double's range) and too short or too flat to nest 255 levels
+deep. Any other body takes the old path: parsed and encoded by orjson, so big integers become
+floats, ``1e400`` and invalid UTF-8 are refused (400) and deeper nesting than orjson encodes
+is a 422. (Spacing, escapes and number spellings such as ``1.50`` are kept as sent: they
+mean the same JSON value.)
+
+The checks run once over the whole request (``plain``): a few C-level scans. Only when the
+request as a whole fails them (a key or a string that merely looks like a risky number also
+does) is each body checked on its own.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import orjson
@@ -25,15 +29,31 @@ from cproxy.model import NewMessage
 from .bodies import OutMessage
 from .errors import BadBody
 
-#: Bytes that may make the stored value differ from orjson's reading of it (see above).
-_NEEDS_PARSING = re.compile(rb"[^\x00-\x7f]|[0-9]{16}|[0-9][eE]")
 #: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
 _SHALLOW_BYTES = 250
+#: Digits to "0", "e"/"E" to "e", everything else to " ", so that the risky spellings are
+#: found with two substring searches; "+" is deleted, so "e+400" reads as "e400".
+_SHAPES = bytes(
+    ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord(" ")
+    for c in range(256)
+)
+_LONG_INTEGER = b"0" * 20
+_LONG_EXPONENT = b"e000"
 
 
-def stored_body(raw: bytes, index: int) -> bytes:
-    """The bytes to store for ``messages[index].body`` (sent as ``raw``)."""
-    if _NEEDS_PARSING.search(raw) is None and (
+def plain(raw: bytes) -> bool:
+    """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
+    (nesting aside): ASCII, no 20-digit run, no 3-digit exponent."""
+    if not raw.isascii():
+        return False
+    shapes = raw.translate(_SHAPES, b"+")
+    return _LONG_INTEGER not in shapes and _LONG_EXPONENT not in shapes
+
+
+def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
+    """The bytes to store for ``messages[index].body`` (sent as ``raw``); ``checked``: the
+    whole request passed ``plain``."""
+    if (checked or plain(raw)) and (
         len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") < _SHALLOW_BYTES
     ):
         return raw
@@ -48,12 +68,15 @@ def stored_body(raw: bytes, index: int) -> bytes:
         raise InvalidRequest(f"messages[{index}].body cannot be stored as JSON: {exc}") from exc
 
 
-def new_messages(messages: Sequence[OutMessage], limits: Limits) -> list[NewMessage]:
-    """``NewMessage``s for the broker; ``TooLarge`` (413) for one over ``max_message_bytes``
-    (body, headers, key and id in UTF-8 bytes)."""
+def new_messages(
+    messages: Sequence[OutMessage], limits: Limits, request: bytes
+) -> list[NewMessage]:
+    """``NewMessage``s for the broker from the decoded ``request``; ``TooLarge`` (413) for one
+    over ``max_message_bytes`` (body, headers, key and id in UTF-8 bytes)."""
+    checked = plain(request)
     items = []
     for i, m in enumerate(messages):
-        body_json = stored_body(bytes(m.body), i)
+        body_json = stored_body(bytes(m.body), i, checked)
         headers_json = orjson.dumps(m.headers) if m.headers else None
         size = len(body_json)
         if headers_json is not None:

@@ -62,15 +62,12 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
 def produce_answer(results: Sequence[AppendResult]) -> bytes:
     """``{"results": [{"qid", "offset", "duplicate"}, ...]}`` as bytes."""
     return orjson.dumps(
-        {
-            "results": [
-                {"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results
-            ]
-        }
+        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
     )
 
 
 # -- consuming (the message shape lives with the broker: push requests use it too) -----------
+
 
 def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
     return [{"topic": t, "qid": q, "offset": o} for t, q, o in items]
