@@ -4,12 +4,12 @@ stored as the bytes the client sent.
 msgspec hands each ``body`` over as ``Raw``: the JSON bytes of the value, already checked for
 JSON syntax, NaN/Infinity and lone surrogates. Those bytes are stored as they are when their
 meaning cannot differ from what parsing and re-encoding would store: ASCII only (so valid
-UTF-8), no integer of 20+ digits (orjson reads those as floats, docs/api.md), no exponent of
-3+ digits (``1e400`` is out of a double's range) and too short or too flat to nest 255 levels
-deep. Any other body takes the old path: parsed and encoded by orjson, so big integers become
-floats, ``1e400`` and invalid UTF-8 are refused (400) and deeper nesting than orjson encodes
-is a 422. (Spacing, escapes and number spellings such as ``1.50`` are kept as sent: they
-mean the same JSON value.)
+UTF-8), no integer of 19+ digits (orjson reads some of those as floats, docs/api.md), no
+exponent of 3+ digits (``1e400`` is out of a double's range) and too short or too flat to
+nest 255 levels deep. Any other body takes the old path: parsed and encoded by orjson, so
+big integers become floats, ``1e400`` and invalid UTF-8 are refused (400) and deeper nesting
+than orjson encodes is a 422. (Spacing, escapes and number spellings such as ``1.50`` are
+kept as sent: they mean the same JSON value.)
 
 The checks run once over the whole request (``plain``): a few C-level scans. Only when the
 request as a whole fails them (a key or a string that merely looks like a risky number also
@@ -37,13 +37,14 @@ _SHAPES = bytes(
     ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord(" ")
     for c in range(256)
 )
-_LONG_INTEGER = b"0" * 20
+#: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats.
+_LONG_INTEGER = b"0" * 19
 _LONG_EXPONENT = b"e000"
 
 
 def plain(raw: bytes) -> bool:
     """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
-    (nesting aside): ASCII, no 20-digit run, no 3-digit exponent."""
+    (nesting aside): ASCII, no 19-digit run, no 3-digit exponent."""
     if not raw.isascii():
         return False
     shapes = raw.translate(_SHAPES, b"+")

@@ -64,6 +64,8 @@ def _deliver(server: RunningServer, body_text: bytes) -> bytes:
         pytest.param(b"-0.5", -0.5, id="float"),
         # Integers beyond 64 bits are read as floating point (docs/api.md).
         pytest.param(b"18446744073709551616", 1.8446744073709552e19, id="int-beyond-64-bits"),
+        pytest.param(b"-9223372036854775809", -9.223372036854776e18, id="int-below-int64"),
+        pytest.param(b"18446744073709551615", 18446744073709551615, id="largest-uint64"),
         pytest.param(b"2.5e3", 2500.0, id="exponent"),
         pytest.param(b"[" * 200 + b"]" * 200, _nested(200), id="nested-200"),
     ],
