@@ -4,8 +4,9 @@ A FastAPI route costs dependency solving, a pydantic pass over the parsed body, 
 and a ``Response`` object and six middleware layers per call, a third of the server's time at
 small batches (docs/benchmarks.md). These endpoints do the same work directly:
 
-1. authenticate (401), check the media type (415) and read the body within
-   ``max_request_bytes`` (413), as ``CproxyRoute`` and ``BodyLimit`` do for other routes;
+1. refuse a declared ``Content-Length`` over ``max_request_bytes`` (413), authenticate
+   (401), check the media type (415) and read the body within ``max_request_bytes`` (413),
+   as ``BodyLimit`` and ``CproxyRoute`` do for the other routes;
 2. decode and validate in one msgspec pass (``bodies``): 400 for a missing body or bytes
    that are not JSON, 403 for the path's topic/group (``auth.check_path``), 422 with the
    same one-line ``where: what`` messages for a body of the wrong shape;
@@ -102,12 +103,16 @@ class LeanEndpoint(Generic[B]):
                 content_type = value
             elif name == b"content-length":
                 length = value
+        max_bytes = state.settings.limits.max_request_bytes
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            # Before authenticating, as the BodyLimit middleware of the other routes does.
+            raise TooLarge(too_large_message(int(length), max_bytes))
         authorizer: Authorizer = state.authorizer
         token = authorizer.identify(
             authorization.decode("latin-1") if authorization is not None else None
         )
         check_media_type(content_type or b"")
-        raw = await _read_body(receive, length, state.settings.limits.max_request_bytes)
+        raw = await _read_body(receive, max_bytes)
         body: B | None = None
         problem: BadBody | None = None
         try:
@@ -146,10 +151,8 @@ async def _send_response(response: Any, send: Send) -> None:
     await send({"type": "http.response.body", "body": response.body})
 
 
-async def _read_body(receive: Receive, length: bytes | None, max_bytes: int) -> bytes:
-    """The whole request body; ``TooLarge`` (413) past ``max_bytes``, declared or sent."""
-    if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise TooLarge(too_large_message(int(length), max_bytes))
+async def _read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The whole request body; ``TooLarge`` (413) once more than ``max_bytes`` arrived."""
     chunks: list[bytes] = []
     size = 0
     while True:

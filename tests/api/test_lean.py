@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
+from cproxy.config import Limits, Token
 from tests.api.http_helpers import (
     JSON_HEADERS,
     assert_error,
@@ -19,6 +20,7 @@ from tests.api.http_helpers import (
     queue_stats,
     shared_server,
 )
+from tests.conftest import ServerFactory
 from tests.support import RunningServer
 
 PRODUCE = "/v1/topics/t/messages"
@@ -150,3 +152,22 @@ def test_unknown_group_and_topic_are_404(running: RunningServer) -> None:
         )
         # An empty path segment is no topic: the router's 404, not a lean endpoint.
         assert_error(client.post("/v1/topics//messages", json={"messages": [{}]}), 404)
+
+
+def test_limits_and_auth_are_checked_in_the_order_of_the_other_routes(
+    server_factory: ServerFactory,
+) -> None:
+    """A declared body over ``max_request_bytes`` is a 413 before auth (the BodyLimit
+    middleware's order); a missing token is a 401 before the body is read or parsed."""
+    server = server_factory(
+        tokens=(Token("admin-token", "admin"),),
+        limits=Limits(max_request_bytes=100),
+    )
+    big = b'{"messages": [{"body": "' + b"x" * 200 + b'"}]}'
+    with fresh_client(server) as client:
+        for path in ("/v1/topics", PRODUCE, "/v1/groups/g/pull"):
+            response = client.post(path, content=big, headers=JSON_HEADERS)
+            assert_error(response, 413, "too_large")
+            response = client.post(path, content=b"{", headers=JSON_HEADERS)
+            assert_error(response, 401, "unauthorized")
+            assert response.headers["www-authenticate"] == 'Bearer realm="cproxy"'
