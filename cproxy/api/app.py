@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from cproxy import __version__
 from cproxy.broker import Broker
@@ -15,14 +16,31 @@ from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
-from . import errors, groups, health, openapi, topics, ui
+from . import errors, groups, health, lean, openapi, topics, ui
 from .auth import Authorizer
 from .limits import BodyLimit
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
+class CproxyApp(FastAPI):
+    """FastAPI, with the hot calls (``lean.match``: produce, pull, ack) sent straight to
+    their lean endpoints, past the middleware stack and the router: those endpoints
+    authenticate, limit the body size and render errors themselves (``lean.py``)."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            found = lean.match(scope)
+            if found is not None:
+                endpoint, params = found
+                scope["app"] = self
+                scope["path_params"] = params
+                await endpoint(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
     """Build the app; the store defaults to SQLite under ``settings.data_dir``."""
     if store is None:
         from cproxy.store.sqlite import SqliteStore
@@ -48,7 +66,7 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
                 await broker.stop()
                 task_group.cancel_scope.cancel()
 
-    app = FastAPI(
+    app = CproxyApp(
         title="cproxy",
         version=__version__,
         summary="Ordered delivery per key without head-of-line blocking",
@@ -61,6 +79,8 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     app.state.metrics = metrics
     app.state.authorizer = Authorizer(settings)
     errors.install(app)
+    # First in the router: other methods on these paths get their 405 without a search.
+    app.router.routes[:0] = lean.ROUTES
     app.include_router(topics.router)
     app.include_router(groups.router)
     app.include_router(health.router)

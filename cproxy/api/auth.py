@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Literal
 
 from fastapi import Request
 
-from cproxy.broker import GroupSummary
+from cproxy.broker import Broker, GroupSummary
 from cproxy.config import Settings, Token
 from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo
@@ -163,15 +163,28 @@ def require(action: Action) -> Callable[[Request], Awaitable[Token | None]]:
     """A route dependency checking ``action`` against the path's topic/group."""
 
     async def dependency(request: Request) -> Token | None:
-        authorizer: Authorizer = request.app.state.authorizer
         token: Token | None = request.state.token  # set by CproxyRoute before parsing
-        params = request.path_params
-        topics: list[str] = [params["topic"]] if "topic" in params else []
-        group = params.get("group")
-        if group is not None and action == "use_group":
-            # A group hands out every topic it reads: the token must cover all of them.
-            topics += request.app.state.broker.group_topics(group) or []
-        authorizer.check(token, action, topics, group)
+        state = request.app.state
+        check_path(state.authorizer, state.broker, token, action, request.path_params)
         return token
 
     return dependency
+
+
+def check_path(
+    authorizer: Authorizer,
+    broker: Broker,
+    token: Token | None,
+    action: Action,
+    params: Mapping[str, str],
+) -> None:
+    """Raise ``Forbidden`` unless ``token`` may do ``action`` on the path's topic/group (the
+    check of ``require``, also made by the lean endpoints)."""
+    if token is None:
+        return
+    topics: list[str] = [params["topic"]] if "topic" in params else []
+    group = params.get("group")
+    if group is not None and action == "use_group":
+        # A group hands out every topic it reads: the token must cover all of them.
+        topics += broker.group_topics(group) or []
+    authorizer.check(token, action, topics, group)

@@ -53,17 +53,34 @@ def _describe(errs: Sequence[Any]) -> str:
     return "; ".join(parts) + more
 
 
-async def _cproxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, errors.CproxyError)
+class BadBody(Exception):
+    """A request body that is missing (400 ``missing_body``), not JSON (400
+    ``invalid_json``) or of the wrong shape (422 ``validation_error``), found by the lean
+    endpoints' decoder (``lean.py``); the same answers FastAPI's validation errors get."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def render(exc: errors.CproxyError | BadBody, method: str, path: str) -> Response:
+    """The error answer for ``exc`` (a 401 with its ``WWW-Authenticate`` challenge)."""
+    if isinstance(exc, BadBody):
+        return error_response(exc.status, exc.code, exc.message)
     status = status_for(exc)
     if status >= 500:
-        logger.warning(
-            "%s %s -> %d %s: %s", request.method, request.url.path, status, exc.code, exc.message
-        )
+        logger.warning("%s %s -> %d %s: %s", method, path, status, exc.code, exc.message)
     response = error_response(status, exc.code, exc.message)
     if isinstance(exc, errors.Unauthorized):
         response.headers["WWW-Authenticate"] = challenge(exc)
     return response
+
+
+async def _cproxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, errors.CproxyError)
+    return render(exc, request.method, request.url.path)
 
 
 def challenge(exc: errors.Unauthorized) -> str:

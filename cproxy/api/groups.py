@@ -1,4 +1,4 @@
-"""Consumer groups: config, pull/ack/extend and operator actions.
+"""Consumer groups: config, extend and operator actions (pull and ack: ``lean.py``).
 
 Routes parse the request, call the broker and serialize its answer with ``wire``; rules
 (limits, scopes, clocks) live in the broker and the authorizer.
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Query, Request
 from starlette.responses import Response
 
-from cproxy.broker import GroupConfig, Result
+from cproxy.broker import GroupConfig
 from cproxy.config import Token, check_name
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
@@ -20,7 +20,7 @@ from . import wire
 from .auth import Authorizer, require
 from .deps import BrokerDep
 from .routing import CproxyRoute
-from .schemas import Ack, BlockedKeyAction, Extend, Pull, QueueResults, Redrive, Seek
+from .schemas import BlockedKeyAction, Extend, Redrive, Seek
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
@@ -33,30 +33,6 @@ def _scoped(request: Request, token: Token | None, *named: str | None) -> Author
     authorizer: Authorizer = request.app.state.authorizer
     authorizer.check_topics(token, named)
     return authorizer
-
-
-def _results(items: list[QueueResults]) -> list[Result]:
-    out = []
-    for r in items:
-        attempts: dict[int, int] = {}
-        acks = []
-        for a in r.acks:
-            if isinstance(a, int):
-                acks.append(a)
-            else:
-                acks.append(a.offset)
-                if a.attempt is not None:
-                    attempts[a.offset] = a.attempt
-        fails: list[tuple[int, str | None]] = []
-        for f in r.fails:
-            if isinstance(f, int):
-                fails.append((f, None))
-            else:
-                fails.append((f.offset, f.error))
-                if f.attempt is not None:
-                    attempts[f.offset] = f.attempt
-        out.append(Result(r.topic, r.qid, acks, fails, attempts or None))
-    return out
 
 
 @router.get("", summary="List groups (extension)")
@@ -94,30 +70,6 @@ async def get_group(group: str, broker: BrokerDep) -> Response:
 async def delete_group(group: str, broker: BrokerDep) -> Response:
     await broker.delete_group(group)
     return wire.json_response({"deleted": group})
-
-
-@router.post("/{group}/pull", summary="Apply results, then pull (long poll)")
-async def pull(
-    group: str, body: Pull, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, *(body.topics or ()), *(r.topic for r in body.results))
-    result = await broker.pull(
-        group,
-        body.max_messages,
-        body.wait_ms,
-        body.topics,
-        _results(body.results),
-        body.max_per_key,
-    )
-    return wire.json_response(wire.pull_result(result, runs=body.max_per_key > 1))
-
-
-@router.post("/{group}/ack", summary="Apply acks and fails")
-async def ack(
-    group: str, body: Ack, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, *(r.topic for r in body.results))
-    return wire.json_response(wire.outcome(broker.ack(group, _results(body.results))))
 
 
 @router.post(

@@ -7,15 +7,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .wire import error as error_response
 
 
+def too_large_message(size: int, max_bytes: int) -> str:
+    """The 413 message for a request body of at least ``size`` bytes."""
+    return f"request body of {size}+ bytes; the limit is {max_bytes}"
+
+
 class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
     def _too_large(self, size: int) -> ASGIApp:
-        return error_response(
-            413, "too_large", f"request body of {size}+ bytes; the limit is {self.max_bytes}"
-        )
+        return error_response(413, "too_large", too_large_message(size, self.max_bytes))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -12,9 +12,11 @@ package (no CDN).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from fastapi import FastAPI
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
@@ -23,7 +25,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.staticfiles import StaticFiles
 
+from . import bodies
 from . import schema_models as m
+from .lean import LeanRoute
 
 #: Errors any ``/v1`` call may answer: bad JSON, auth, too large, media type, validation,
 #: store unavailable or shutting down.
@@ -75,6 +79,36 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
+def _add_lean_routes(app: FastAPI, paths: dict[str, Any], schemas: dict[str, Any]) -> None:
+    """Declare the lean endpoints (plain ASGI, unseen by FastAPI): path parameters and the
+    request body schema msgspec derives from the very ``Struct`` that decodes it."""
+    _, components = msgspec.json.schema_components(
+        bodies.DOCUMENTED, ref_template="#/components/schemas/{name}"
+    )
+    schemas.update(components)
+    for route in app.routes:
+        if not isinstance(route, LeanRoute):
+            continue
+        body = route.lean.body.__name__
+        # FastAPI's scheme (handler name + path + method): the ids the old routes had.
+        operation_id = re.sub(r"\W", "_", f"{route.lean.name}{route.path}") + "_post"
+        paths.setdefault(route.path, {})["post"] = {
+            "tags": [route.tag],
+            "summary": route.summary,
+            "operationId": operation_id,
+            "parameters": [
+                {"name": p, "in": "path", "required": True, "schema": {"type": "string"}}
+                for p in route.param_convertors
+            ],
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}
+                },
+            },
+        }
+
+
 def build(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document of ``app`` with the declared answers (cached on the app)."""
     if app.openapi_schema is not None:
@@ -83,6 +117,7 @@ def build(app: FastAPI) -> dict[str, Any]:
     schemas: dict[str, Any] = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas.pop("HTTPValidationError", None)
     schemas.pop("ValidationError", None)
+    _add_lean_routes(app, spec["paths"], schemas)
     models: set[type[BaseModel]] = {
         model for answers, _ in ROUTES.values() for model in answers.values()
     }

@@ -34,15 +34,23 @@ def _as_json(scope: Scope) -> Scope:
         return scope
     headers = scope["headers"]
     content_type = next((v for k, v in headers if k == b"content-type"), b"")
+    if check_media_type(content_type):
+        return scope
+    rest = [(k, v) for k, v in headers if k != b"content-type"]
+    return {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
+
+
+def check_media_type(content_type: bytes) -> bool:
+    """True for a JSON media type, False for one read as JSON (none, form-urlencoded);
+    ``UnsupportedMediaType`` (415) for any other."""
     media = content_type.split(b";")[0].strip().lower()
     if media == b"application/json" or media.endswith(b"+json"):
-        return scope
+        return True
     if media not in _READ_AS_JSON:
         raise UnsupportedMediaType(
             f"send JSON (Content-Type: application/json), not {media.decode(errors='replace')}"
         )
-    rest = [(k, v) for k, v in headers if k != b"content-type"]
-    return {**scope, "headers": [*rest, (b"content-type", b"application/json")]}
+    return False
 
 
 class _OrjsonRequest(Request):

@@ -1,4 +1,5 @@
-"""Request bodies of the HTTP API (pydantic: types, shapes and OpenAPI docs).
+"""Request bodies of the HTTP API (pydantic: types, shapes and OpenAPI docs); those of the
+hot calls (produce, pull, ack) are msgspec ``Struct``s in ``bodies.py``.
 
 Range checks that belong to the domain (group settings, qids) are done by the engine and the
 broker, so the rules live in one place; these models only pin down types and shapes.
@@ -6,7 +7,7 @@ broker, so the rules live in one place; these models only pin down types and sha
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, StrictStr
 
@@ -48,67 +49,8 @@ class UpdateTopic(_Strict):
     retention_bytes: Retention = None
 
 
-class OutMessage(_Strict):
-    key: StrictStr | None = None
-    body: Any = None
-    headers: dict[StrictStr, StrictStr] | None = None
-    id: Annotated[StrictStr, Field(min_length=1, max_length=512)] | None = None
-    qid: NonNegative | None = None
-    delay_ms: NonNegative | None = Field(
-        None,
-        description="Not delivered before this many ms after it is stored (at most the "
-        "server's limits.max_delay_ms); not with deliver_at_ms.",
-    )
-    deliver_at_ms: NonNegative | None = Field(
-        None,
-        description="Not delivered before this time (ms since the Unix epoch; a past time "
-        "means no delay; at most limits.max_delay_ms ahead); not with delay_ms.",
-    )
-
-
-class Produce(_Strict):
-    messages: Annotated[list[OutMessage], Field(min_length=1)]
-
-
 #: Delivery attempts start at 1 (see ``attempt`` on pulled messages).
 Attempt = Annotated[StrictInt, Field(ge=1, le=2**31 - 1)]
-
-
-class AckItem(_Strict):
-    """A fenced ack: it applies only while ``attempt`` is the message's current delivery."""
-
-    offset: NonNegative
-    attempt: Attempt | None = None
-
-
-class FailItem(_Strict):
-    """A fail with the handler's error and, to fence it, the attempt it answers."""
-
-    offset: NonNegative
-    error: Annotated[StrictStr, Field(max_length=4096)] | None = None
-    attempt: Attempt | None = None
-
-
-class QueueResults(_Strict):
-    """Results for one queue. A plain offset is unfenced: it answers the current delivery."""
-
-    topic: StrictStr
-    qid: NonNegative
-    acks: list[NonNegative | AckItem] = []
-    fails: list[NonNegative | FailItem] = []
-
-
-class Pull(_Strict):
-    max_messages: Annotated[StrictInt, Field(ge=1)] = 32
-    wait_ms: Annotated[StrictInt, Field(ge=0)] = 5000
-    topics: list[StrictStr] | None = None
-    results: list[QueueResults] = []
-    #: Up to this many consecutive messages of one order value per answer (a same-key run).
-    max_per_key: Annotated[StrictInt, Field(ge=1)] = 1
-
-
-class Ack(_Strict):
-    results: list[QueueResults]
 
 
 class MessageRefBody(_Strict):

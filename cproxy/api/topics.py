@@ -1,22 +1,19 @@
-"""Topics and produce."""
+"""Topics (produce is a lean endpoint: ``lean.py``)."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
-import orjson
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from cproxy.config import Limits, Token
-from cproxy.errors import InvalidRequest, TooLarge
-from cproxy.model import NewMessage
+from cproxy.config import Token
 
 from . import wire
 from .auth import require
 from .deps import BrokerDep
 from .routing import CproxyRoute
-from .schemas import CreateTopic, Produce, UpdateTopic
+from .schemas import CreateTopic, UpdateTopic
 
 router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=CproxyRoute)
 
@@ -76,45 +73,3 @@ async def list_topics(
 async def get_topic(topic: str, broker: BrokerDep) -> Response:
     info = broker.topic(topic)
     return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
-
-
-def _encode(body: Produce, limits: Limits) -> tuple[list[NewMessage], list[int | None] | None]:
-    """The messages to store, and each one's ``delay_ms`` (None when no message has one):
-    the broker turns delays into ``deliver_at_ms`` with its clock."""
-    if len(body.messages) > limits.max_messages_per_call:
-        raise TooLarge(
-            f"{len(body.messages)} messages in one call; the limit is "
-            f"{limits.max_messages_per_call}"
-        )
-    items = []
-    delays: list[int | None] | None = None
-    for i, m in enumerate(body.messages):
-        try:
-            body_json = orjson.dumps(m.body)
-        except orjson.JSONEncodeError as exc:
-            raise InvalidRequest(f"messages[{i}].body cannot be stored as JSON: {exc}") from exc
-        headers_json = orjson.dumps(m.headers) if m.headers else None
-        size = len(body_json) + len(headers_json or b"")
-        size += len((m.key or "").encode()) + len((m.id or "").encode())
-        if size > limits.max_message_bytes:
-            raise TooLarge(
-                f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
-            )
-        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
-        if m.delay_ms is not None:
-            if m.deliver_at_ms is not None:
-                raise InvalidRequest(f"messages[{i}] has both delay_ms and deliver_at_ms; give one")
-            delays = delays or [None] * len(body.messages)
-            delays[i] = m.delay_ms
-    return items, delays
-
-
-@router.post(
-    "/{topic}/messages",
-    summary="Produce messages (atomic per call)",
-    dependencies=[Depends(require("produce"))],
-)
-async def produce(topic: str, body: Produce, request: Request, broker: BrokerDep) -> Response:
-    items, delays = _encode(body, request.app.state.settings.limits)
-    results = await broker.produce(topic, items, delays)
-    return wire.json_response(wire.produce_results(results))

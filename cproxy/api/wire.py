@@ -59,10 +59,11 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
     }
 
 
-def produce_results(results: Sequence[AppendResult]) -> dict[str, Any]:
-    return {
-        "results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]
-    }
+def produce_answer(results: Sequence[AppendResult]) -> bytes:
+    """``{"results": [{"qid", "offset", "duplicate"}, ...]}`` as bytes."""
+    return orjson.dumps(
+        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
+    )
 
 
 # -- consuming (the message shape lives with the broker: push requests use it too) -----------

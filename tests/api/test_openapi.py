@@ -9,6 +9,7 @@ import re
 
 from fastapi.routing import APIRoute
 
+from cproxy.api.lean import LeanRoute
 from cproxy.api.openapi import PLAIN, ROUTES
 from tests.support import RunningServer
 
@@ -19,9 +20,10 @@ def test_every_route_declares_its_answers_and_the_real_error_shape(
     operations = {
         (method.lower(), route.path)
         for route in server.app.routes
-        if isinstance(route, APIRoute) and route.include_in_schema
-        for method in route.methods
+        if isinstance(route, APIRoute | LeanRoute) and route.include_in_schema
+        for method in route.methods or ()
     }
+    assert ("post", "/v1/groups/{group}/pull") in operations  # the lean routes are counted
     assert operations - set(ROUTES) - set(PLAIN) == set(), "routes without declared answers"
     with server.client() as client:
         spec = client.get("/openapi.json").json()
@@ -39,6 +41,17 @@ def test_every_route_declares_its_answers_and_the_real_error_shape(
     assert "run" in schemas["Message"]["properties"]
     for field in ("lag_excluding_parked", "oldest_unfinished_age_ms", "lost_to_retention"):
         assert field in schemas["GroupStatsOut"]["properties"], field
+    # The lean routes declare their bodies (msgspec's schemas) and path parameters.
+    for path, body in (
+        ("/v1/topics/{topic}/messages", "Produce"),
+        ("/v1/groups/{group}/pull", "Pull"),
+        ("/v1/groups/{group}/ack", "Ack"),
+    ):
+        operation = spec["paths"][path]["post"]
+        declared = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert declared == {"$ref": f"#/components/schemas/{body}"}, path
+        assert [p["name"] for p in operation["parameters"]] == [path.split("/")[3][1:-1]]
+    assert schemas["OutMessage"]["additionalProperties"] is False
     put = spec["paths"]["/v1/groups/{group}"]["put"]["requestBody"]["content"]
     assert put["application/json"]["schema"] == {"$ref": "#/components/schemas/GroupConfigBody"}
 

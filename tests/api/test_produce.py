@@ -271,11 +271,9 @@ def test_requests_within_limits_are_accepted(
 
 
 def test_message_size_counts_utf8_bytes_of_the_key(limited: RunningServer) -> None:
-    """The limit is in bytes: a key of 60 two-byte characters is 120 bytes, over the 100 limit.
-
-    BUG: cproxy/api/topics.py ``_encode`` measures ``len(m.key)`` (and ``len(m.id)``) in
-    characters, so this message is counted as 61 "bytes" and accepted.
-    """
+    """The limit is in bytes: a key of 60 two-byte characters is 120 bytes, over the 100 limit
+    (cproxy/api/produced.py ``new_messages`` measures key and id in UTF-8 bytes, not
+    characters, which would count this message as 61 "bytes" and accept it)."""
     with fresh_client(limited) as client:
         before = queue_stats(client, "t")
         response = client.post(

@@ -1,0 +1,299 @@
+"""The hot calls (produce, pull, ack) as plain ASGI endpoints.
+
+A FastAPI route costs dependency solving, a pydantic pass over the parsed body, a ``Request``
+and a ``Response`` object and six middleware layers per call, a third of the server's time at
+small batches (docs/benchmarks.md). These endpoints do the same work directly:
+
+1. refuse a declared ``Content-Length`` over ``max_request_bytes`` (413), authenticate
+   (401), check the media type (415) and read the body within ``max_request_bytes`` (413),
+   as ``BodyLimit`` and ``CproxyRoute`` do for the other routes;
+2. decode and validate in one msgspec pass (``bodies``): 400 for a missing body or bytes
+   that are not JSON, 403 for the path's topic/group (``auth.check_path``), 422 with the
+   same one-line ``where: what`` messages for a body of the wrong shape;
+3. call the broker and send the answer as bytes built once (no ``Response`` object).
+
+``CproxyApp`` (``app.py``) sends ``POST`` requests for these paths here before its middleware
+stack; the same endpoints are also in the router (``LeanRoute``), which answers other methods
+with 405 and is what ``openapi.py`` documents. Errors are rendered by ``errors.render``, so
+they look exactly like those of every other route.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+import msgspec
+import orjson
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from cproxy.broker import Broker, Result
+from cproxy.config import Limits, Token
+from cproxy.errors import CproxyError, TooLarge
+
+from . import errors, wire
+from .auth import Action, Authorizer, check_path
+from .bodies import Ack, Produce, Pull, QueueResults
+from .errors import BadBody
+from .limits import too_large_message
+from .produced import new_messages
+from .routing import check_media_type
+
+logger = logging.getLogger(__name__)
+
+B = TypeVar("B", bound=msgspec.Struct)
+
+#: ``(app state, path parameters, token, decoded body, body bytes) -> JSON answer bytes``.
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes], Awaitable[bytes]]
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+_AT = re.compile(r"^(.*) - at `\$(.*)`$", re.DOTALL)
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def describe(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.messages[0].qid`" as the API's
+    "messages.0.qid: Expected `int`, got `str`" (the path first, as for every 422)."""
+    text = str(exc)
+    found = _AT.match(text)
+    if found is None:
+        return f"body: {text}"
+    where = _INDEX.sub(r".\1", found.group(2)).lstrip(".")
+    return f"{where or 'body'}: {found.group(1)}"
+
+
+class LeanEndpoint(Generic[B]):
+    """One hot call as a raw ASGI app: checks in the order other routes make them, then
+    ``handler``. Not a function, so Starlette's ``Route`` mounts it as ASGI as it is."""
+
+    def __init__(self, name: str, action: Action, body: type[B], handler: Handler[B]) -> None:
+        self.name = name
+        self.action = action
+        self.body = body
+        self.handler = handler
+        self._decoder = msgspec.json.Decoder(body)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = scope["app"].state
+        try:
+            answer = await self._answer(state, scope, receive)
+        except (CproxyError, BadBody) as exc:
+            await _send_response(errors.render(exc, scope["method"], scope["path"]), send)
+            return
+        except _Disconnected:
+            return
+        except Exception:
+            logger.exception("unhandled error on %s %s", scope["method"], scope["path"])
+            await _send_response(
+                wire.error(500, "internal_error", "internal error; see the server log"), send
+            )
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": _headers(answer)})
+        await send({"type": "http.response.body", "body": answer})
+
+    async def _answer(self, state: Any, scope: Scope, receive: Receive) -> bytes:
+        authorization = content_type = length = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"content-length":
+                length = value
+        max_bytes = state.settings.limits.max_request_bytes
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            # Before authenticating, as the BodyLimit middleware of the other routes does.
+            raise TooLarge(too_large_message(int(length), max_bytes))
+        authorizer: Authorizer = state.authorizer
+        token = authorizer.identify(
+            authorization.decode("latin-1") if authorization is not None else None
+        )
+        check_media_type(content_type or b"")
+        raw = await _read_body(receive, max_bytes)
+        body: B | None = None
+        problem: BadBody | None = None
+        try:
+            body = self._decoder.decode(raw)
+        except msgspec.ValidationError as exc:
+            problem = _shape_error(raw, exc)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            problem = _not_json(raw)
+        if problem is not None and problem.status == 400:
+            raise problem
+        broker: Broker = state.broker
+        params: dict[str, str] = scope["path_params"]
+        check_path(authorizer, broker, token, self.action, params)
+        if problem is not None:
+            raise problem
+        assert body is not None
+        return await self.handler(state, params, token, body, raw)
+
+
+class _Disconnected(Exception):
+    """The client went away before its body was read: nothing to answer."""
+
+
+def _headers(answer: bytes) -> list[tuple[bytes, bytes]]:
+    return [*_JSON_HEADERS, (b"content-length", b"%d" % len(answer))]
+
+
+async def _send_response(response: Any, send: Send) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": response.raw_headers,
+        }
+    )
+    await send({"type": "http.response.body", "body": response.body})
+
+
+async def _read_body(receive: Receive, max_bytes: int) -> bytes:
+    """The whole request body; ``TooLarge`` (413) once more than ``max_bytes`` arrived."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise TooLarge(too_large_message(size, max_bytes))
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _not_json(raw: bytes) -> BadBody:
+    if not raw:
+        return BadBody(400, "missing_body", "this call needs a JSON request body")
+    return BadBody(400, "invalid_json", "the request body is not valid JSON")
+
+
+def _shape_error(raw: bytes, exc: msgspec.ValidationError) -> BadBody:
+    """msgspec stops at the first wrong field, possibly before bytes that are not JSON at
+    all: the body is parsed once more (only on this error path) so that those stay a 400."""
+    try:
+        orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return _not_json(raw)
+    return BadBody(422, "validation_error", describe(exc))
+
+
+# -- the three calls -----------------------------------------------------------------------------
+
+
+def results(items: list[QueueResults]) -> list[Result]:
+    """Acks and fails as the broker takes them; ``{"offset", "attempt"}`` items fence."""
+    out = []
+    for r in items:
+        attempts: dict[int, int] = {}
+        acks = []
+        for a in r.acks:
+            if isinstance(a, int):
+                acks.append(a)
+            else:
+                acks.append(a.offset)
+                if a.attempt is not None:
+                    attempts[a.offset] = a.attempt
+        fails: list[tuple[int, str | None]] = []
+        for f in r.fails:
+            if isinstance(f, int):
+                fails.append((f, None))
+            else:
+                fails.append((f.offset, f.error))
+                if f.attempt is not None:
+                    attempts[f.offset] = f.attempt
+        out.append(Result(r.topic, r.qid, acks, fails, attempts or None))
+    return out
+
+
+async def _produce(
+    state: Any, params: dict[str, str], token: Token | None, body: Produce, raw: bytes
+) -> bytes:
+    limits: Limits = state.settings.limits
+    if len(body.messages) > limits.max_messages_per_call:
+        raise TooLarge(
+            f"{len(body.messages)} messages in one call; the limit is "
+            f"{limits.max_messages_per_call}"
+        )
+    broker: Broker = state.broker
+    items, delays = new_messages(body.messages, limits, raw)
+    stored = await broker.produce(params["topic"], items, delays)
+    return wire.produce_answer(stored)
+
+
+async def _pull(
+    state: Any, params: dict[str, str], token: Token | None, body: Pull, raw: bytes
+) -> bytes:
+    authorizer: Authorizer = state.authorizer
+    authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
+    broker: Broker = state.broker
+    answer = await broker.pull(
+        params["group"],
+        body.max_messages,
+        body.wait_ms,
+        body.topics,
+        results(body.results),
+        body.max_per_key,
+    )
+    return orjson.dumps(wire.pull_result(answer, runs=body.max_per_key > 1))
+
+
+async def _ack(
+    state: Any, params: dict[str, str], token: Token | None, body: Ack, raw: bytes
+) -> bytes:
+    authorizer: Authorizer = state.authorizer
+    authorizer.check_topics(token, [r.topic for r in body.results])
+    broker: Broker = state.broker
+    return orjson.dumps(wire.outcome(broker.ack(params["group"], results(body.results))))
+
+
+class LeanRoute(Route):
+    """A router entry for a lean endpoint: 405 for other methods; documented by
+    ``openapi.build`` with ``summary``, ``tags`` and the body's msgspec schema."""
+
+    def __init__(self, path: str, endpoint: LeanEndpoint[Any], summary: str, tag: str) -> None:
+        super().__init__(path, endpoint, methods=["POST"], name=summary)
+        self.lean = endpoint
+        self.summary = summary
+        self.tag = tag
+
+
+PRODUCE = LeanEndpoint("produce", "produce", Produce, _produce)
+PULL = LeanEndpoint("pull", "use_group", Pull, _pull)
+ACK = LeanEndpoint("ack", "use_group", Ack, _ack)
+
+ROUTES = [
+    LeanRoute(
+        "/v1/topics/{topic}/messages", PRODUCE, "Produce messages (atomic per call)", "topics"
+    ),
+    LeanRoute("/v1/groups/{group}/pull", PULL, "Apply results, then pull (long poll)", "groups"),
+    LeanRoute("/v1/groups/{group}/ack", ACK, "Apply acks and fails", "groups"),
+]
+
+
+def match(scope: Scope) -> tuple[LeanEndpoint[Any], dict[str, str]] | None:
+    """The lean endpoint for a ``POST`` to one of the hot paths, and its path parameters.
+
+    Only plain paths are matched here (no root path); anything else goes through the
+    router, which has the same endpoints."""
+    if scope["method"] != "POST" or scope.get("root_path"):
+        return None
+    parts = scope["path"].split("/")
+    if len(parts) != 5 or parts[0] or parts[1] != "v1" or not parts[3]:
+        return None
+    if parts[2] == "topics" and parts[4] == "messages":
+        return PRODUCE, {"topic": parts[3]}
+    if parts[2] == "groups":
+        if parts[4] == "pull":
+            return PULL, {"group": parts[3]}
+        if parts[4] == "ack":
+            return ACK, {"group": parts[3]}
+    return None

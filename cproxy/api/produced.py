@@ -1,0 +1,103 @@
+"""Produced messages, from the decoded request to ``NewMessage``: each body checked once and
+stored as the bytes the client sent.
+
+msgspec hands each ``body`` over as ``Raw``: the JSON bytes of the value, already checked for
+JSON syntax, NaN/Infinity and lone surrogates. Those bytes are stored as they are when their
+meaning cannot differ from what parsing and re-encoding would store: ASCII only (so valid
+UTF-8), no integer of 19+ digits (orjson reads some of those as floats, docs/api.md), no
+exponent of 3+ digits (``1e400`` is out of a double's range) and too short or too flat to
+nest 255 levels deep. Any other body takes the old path: parsed and encoded by orjson, so
+big integers become floats, ``1e400`` and invalid UTF-8 are refused (400) and deeper nesting
+than orjson encodes is a 422. (Spacing, escapes and number spellings such as ``1.50`` are
+kept as sent: they mean the same JSON value.)
+
+The checks run once over the whole request (``plain``): a few C-level scans. Only when the
+request as a whole fails them (a key or a string that merely looks like a risky number also
+does) is each body checked on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from cproxy.config import Limits
+from cproxy.errors import InvalidRequest, TooLarge
+from cproxy.model import NewMessage
+
+from .bodies import OutMessage
+from .errors import BadBody
+
+#: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
+_SHALLOW_BYTES = 250
+#: Digits to "0", "e"/"E" to "e", everything else to " ", so that the risky spellings are
+#: found with two substring searches; "+" is deleted, so "e+400" reads as "e400".
+_SHAPES = bytes(
+    ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord(" ")
+    for c in range(256)
+)
+#: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats.
+_LONG_INTEGER = b"0" * 19
+_LONG_EXPONENT = b"e000"
+
+
+def plain(raw: bytes) -> bool:
+    """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
+    (nesting aside): ASCII, no 19-digit run, no 3-digit exponent."""
+    if not raw.isascii():
+        return False
+    shapes = raw.translate(_SHAPES, b"+")
+    return _LONG_INTEGER not in shapes and _LONG_EXPONENT not in shapes
+
+
+def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
+    """The bytes to store for ``messages[index].body`` (sent as ``raw``); ``checked``: the
+    whole request passed ``plain``."""
+    if (checked or plain(raw)) and (
+        len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") < _SHALLOW_BYTES
+    ):
+        return raw
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        # msgspec took it as JSON, orjson does not (invalid UTF-8, 1e400): not JSON, as before.
+        raise BadBody(400, "invalid_json", "the request body is not valid JSON") from None
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError as exc:
+        raise InvalidRequest(f"messages[{index}].body cannot be stored as JSON: {exc}") from exc
+
+
+def new_messages(
+    messages: Sequence[OutMessage], limits: Limits, request: bytes
+) -> tuple[list[NewMessage], list[int | None] | None]:
+    """``NewMessage``s for the broker from the decoded ``request``, and each one's
+    ``delay_ms`` (None when no message has one: the broker turns delays into
+    ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over ``max_message_bytes``
+    (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
+    ``delay_ms`` and ``deliver_at_ms``."""
+    checked = plain(request)
+    items = []
+    delays: list[int | None] | None = None
+    for i, m in enumerate(messages):
+        body_json = stored_body(bytes(m.body), i, checked)
+        headers_json = orjson.dumps(m.headers) if m.headers else None
+        size = len(body_json)
+        if headers_json is not None:
+            size += len(headers_json)
+        if m.key is not None:
+            size += len(m.key.encode())
+        if m.id is not None:
+            size += len(m.id.encode())
+        if size > limits.max_message_bytes:
+            raise TooLarge(
+                f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
+            )
+        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
+        if m.delay_ms is not None:
+            if m.deliver_at_ms is not None:
+                raise InvalidRequest(f"messages[{i}] has both delay_ms and deliver_at_ms; give one")
+            delays = delays or [None] * len(messages)
+            delays[i] = m.delay_ms
+    return items, delays
