@@ -179,9 +179,19 @@ class GroupRunner:
         while True:
             await self._hand_kick.wait()
             self._hand_kick = anyio.Event()
-            if self._waiters and not self._stopping:
-                if self._waiters.hand_out(self._engine.has_ready, self._take_for):
-                    self._timer_kick.set()  # new ack deadlines
+            self.hand_out()
+
+    def hand_out(self) -> int:
+        """Hand ready work to waiting pulls now, oldest first; returns how many were served.
+
+        The woken pulls return their messages when they next run; one cancelled before
+        that gives them back (``_wait``)."""
+        if self._stopping or not self._waiters:
+            return 0
+        served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
+        if served:
+            self._timer_kick.set()  # new ack deadlines
+        return served
 
     async def _committer(self) -> None:
         while True:
