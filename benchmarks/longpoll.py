@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import resource
 import time
 from collections.abc import Callable
@@ -137,19 +136,60 @@ async def puller(host: str, port: int, group: str, wait_ms: int, tally: Tally) -
             writer.close()
 
 
-async def trickle(side: Side, topic: str, rate: float, seconds: float) -> tuple[int, int]:
+class Producer:
+    """Produce calls over a few raw keep-alive connections (cheaper than an SDK client:
+    the load generator shares the machine with the server)."""
+
+    def __init__(self, host: str, port: int, topic: str, connections: int = 8) -> None:
+        self.host, self.port, self.connections = host, port, connections
+        self.head = (
+            f"POST /v1/topics/{topic}/messages HTTP/1.1\r\nHost: {host}\r\n"
+            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        ).encode()
+        self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
+            asyncio.Queue()
+        )
+
+    async def open(self) -> None:
+        for _ in range(self.connections):
+            self.free.put_nowait(await asyncio.open_connection(self.host, self.port))
+
+    def close(self) -> None:
+        while not self.free.empty():
+            self.free.get_nowait()[1].close()
+
+    async def send(self, body: bytes) -> None:
+        """One produce call; raises on a non-200 answer or a broken connection."""
+        reader, writer = await self.free.get()
+        try:
+            writer.write(self.head % len(body) + body)
+            status, data = await _answer(reader)
+        except BaseException:
+            writer.close()
+            self.free.put_nowait(await asyncio.open_connection(self.host, self.port))
+            raise
+        self.free.put_nowait((reader, writer))
+        if status != 200:
+            raise RuntimeError(f"produce answered {status}: {data[:200]!r}")
+
+
+async def trickle(
+    producer: Producer, rate: float, seconds: float, produce_ms: list[float]
+) -> tuple[int, int]:
     """Produce one message per call at ``rate`` per second (open loop); returns (sent,
-    failed). Each message gets a new key and carries its send time (ms, monotonic)."""
+    failed). Each message gets a new key and carries its send time (ms, monotonic); each
+    call's round trip (ms) goes to ``produce_ms``."""
     sent = failed = 0
-    keys = itertools.count()
     started = time.monotonic()
     tasks: set[asyncio.Task[None]] = set()
 
-    async def one() -> None:
+    async def one(i: int) -> None:
         nonlocal failed
-        body = {"t": time.monotonic() * 1000}
+        t = time.monotonic() * 1000
+        body = orjson.dumps({"messages": [{"key": f"k{i}", "body": {"t": t}}]})
         try:
-            await side.admin.produce(topic, [{"key": f"k{next(keys)}", "body": body}])
+            await producer.send(body)
+            produce_ms.append(time.monotonic() * 1000 - t)
         except Exception as exc:  # counted: the report shows errors
             failed += 1
             progress(f"produce failed: {exc!r}")
@@ -159,7 +199,7 @@ async def trickle(side: Side, topic: str, rate: float, seconds: float) -> tuple[
         delay = started + i / rate - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = asyncio.create_task(one())
+        task = asyncio.create_task(one(i))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
         sent += 1
@@ -173,6 +213,7 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
     await put_group(side.admin, group, topic)
     host, port = "127.0.0.1", int(side.url.rsplit(":", 1)[1])
     tally = Tally()
+    produce_ms: list[float] = []
     rss_before = rss(side.pid)
     tasks: list[asyncio.Task[None]] = []
     out: dict[str, Any] = {"pullers": pullers}
@@ -197,8 +238,11 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
         rss_idle = rss(side.pid)
         out["rss_mib"] = rss_idle["rss_mib"]
         out["rss_growth_mib"] = round(rss_idle["rss_mib"] - rss_before["rss_mib"], 1)
+        producer = Producer(host, port, topic)
+        await producer.open()
         with Probe(side.pid) as busy:
-            sent, failed = await trickle(side, topic, args.rate, args.trickle_s)
+            sent, failed = await trickle(producer, args.rate, args.trickle_s, produce_ms)
+        producer.close()
         out["trickle_core_share"] = busy.server_cpu / busy.wall
         out["trickle_client_core_share"] = busy.client_cpu / busy.wall
         await tally.until(lambda: len(tally.latencies_ms) >= sent - failed, DRAIN_TIMEOUT_S)
@@ -219,6 +263,8 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
         "p50_ms": percentile(lat, 50) if lat else float("nan"),
         "p99_ms": percentile(lat, 99) if lat else float("nan"),
         "max_ms": lat[-1] if lat else float("nan"),
+        "produce_p50_ms": percentile(sorted(produce_ms), 50),
+        "produce_p99_ms": percentile(sorted(produce_ms), 99),
         "idle_cpu_pct": round(100 * out["idle_core_share"], 2),
         "trickle_cpu_pct": round(100 * out["trickle_core_share"], 1),
         "errors": failed + tally.errors + max(0, sent - failed - len(lat)),
@@ -229,7 +275,8 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
 def describe(r: dict[str, Any]) -> str:
     return (
         f"errors {r['errors']} p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} "
-        f"max {r['max_ms']:.0f} ms; cpu idle {r['idle_cpu_pct']:.1f}% "
+        f"max {r['max_ms']:.0f} ms (produce p50 {r['produce_p50_ms']:.1f} "
+        f"p99 {r['produce_p99_ms']:.1f}); cpu idle {r['idle_cpu_pct']:.1f}% "
         f"trickle {r['trickle_cpu_pct']:.0f}%; rss {r['rss_mib']} MiB"
     )
 
@@ -258,6 +305,7 @@ def cell_table(results: dict[str, list[dict[str, Any]]], names: list[str]) -> st
             ("p50 ms", lambda n: m(n, "p50_ms", ".1f")),
             ("p99 ms", lambda n: m(n, "p99_ms", ".1f")),
             ("max ms", lambda n: m(n, "max_ms", ".0f")),
+            ("produce call p50/p99 ms", lambda n: m(n, "produce_p50_ms", ".1f") + " / " + m(n, "produce_p99_ms", ".1f")),  # noqa: E501
             ("server CPU idle", lambda n: m(n, "idle_cpu_pct", ".1f") + "%"),
             ("idle pulls/s", lambda n: m(n, "idle_requests_per_s", ".0f")),
             ("server CPU trickle", lambda n: m(n, "trickle_cpu_pct", ".0f") + "%"),
