@@ -217,8 +217,7 @@ class Broker:
             # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
                 if runner.reads(topic):
-                    for qid, batch in stored.items():
-                        runner.offer(topic, qid, batch)
+                    runner.offer(topic, stored)
         if self._on_produced is not None:
             self._on_produced(topic, sum(not r.duplicate for r in results))
         return results

@@ -247,11 +247,19 @@ class GroupRunner:
         if self._engine.has_pending_dead_letters:
             self._commit_kick.set()
 
-    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> None:
-        """Just-stored messages: taken directly when caught up, else read by the fetcher."""
-        if self._engine.offer(topic, qid, messages):
+    def offer(self, topic: str, stored: Mapping[int, Sequence[Message]]) -> None:
+        """A produce's just-stored messages, per queue (qid -> consecutive messages): taken
+        directly by caught-up queues, else read by the fetcher. One hand-off for the whole
+        batch: waiting pulls are woken once, and the fetcher kicked once."""
+        taken = refused = False
+        for qid, messages in stored.items():
+            if self._engine.offer(topic, qid, messages):
+                taken = True
+            else:
+                refused = True
+        if taken:
             self._notify_ready()
-        else:
+        if refused:
             self._fetch_kick.set()
 
     # -- views ---------------------------------------------------------------------------------
