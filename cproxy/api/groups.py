@@ -6,6 +6,7 @@ Routes parse the request, call the broker and serialize its answer with ``wire``
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Query, Request
@@ -108,8 +109,15 @@ async def pull(
         body.topics,
         _results(body.results),
         body.max_per_key,
+        gone=partial(_disconnected, request),
     )
     return wire.json_response(wire.pull_result(result, runs=body.max_per_key > 1))
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has gone (the body is read: the next message is the end)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 @router.post("/{group}/ack", summary="Apply acks and fails")

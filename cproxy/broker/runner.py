@@ -332,23 +332,51 @@ class GroupRunner:
         topics: Collection[str] | None,
         results: Sequence[Result],
         max_per_key: int = 1,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> PullResult:
-        """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``."""
+        """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``.
+
+        ``gone()``, when given, returns once the caller is gone (its client disconnected):
+        a pull waiting then leaves the line and answers nothing; messages handed to it at
+        that moment go back, uncharged.
+        """
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
             return PullResult([], applied, unknown)
         deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
         if not deliveries and wait_ms > 0:
-            deliveries = await self._wait(Waiter(max_messages, topics, max_per_key), wait_ms)
+            waiter = Waiter(max_messages, topics, max_per_key)
+            deliveries = await self._wait(waiter, wait_ms, gone)
         if deliveries:
             self._timer_kick.set()
         return PullResult(deliveries, applied, unknown)
 
-    async def _wait(self, waiter: Waiter, wait_ms: int) -> list[Delivery]:
-        """Queue ``waiter`` until work is handed to it or ``wait_ms`` passed."""
+    async def _wait(
+        self, waiter: Waiter, wait_ms: int, gone: Callable[[], Awaitable[object]] | None
+    ) -> list[Delivery]:
+        """Queue ``waiter`` until work is handed to it, ``wait_ms`` passed or ``gone()``
+        returned."""
         self._waiters.enqueue(waiter)
+        left = False
         try:
-            await waiter.wait(wait_ms / 1000)
+            if gone is None:
+                await waiter.wait(wait_ms / 1000)
+            else:
+                async with anyio.create_task_group() as tg:
+
+                    async def watch() -> None:
+                        nonlocal left
+                        try:
+                            await gone()
+                        except Exception as exc:  # cannot watch: wait on as without gone
+                            logger.debug("group=%s pull not watched: %r", self.name, exc)
+                            return
+                        left = True
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(watch)
+                    await waiter.wait(wait_ms / 1000)
+                    tg.cancel_scope.cancel()
         except BaseException:
             # Cancelled (client gone, shutdown): messages handed to this waiter at the same
             # moment never reach anyone; they go back to ready, no attempt charged.
@@ -356,6 +384,9 @@ class GroupRunner:
             self._give_back(waiter.take())
             raise
         self._waiters.remove(waiter)
+        if left:
+            self._give_back(waiter.take())
+            return []
         return waiter.take()
 
     def _give_back(self, deliveries: list[Delivery]) -> None:

@@ -350,3 +350,45 @@ async def test_stop_pulls_releases_every_waiting_pull_empty() -> None:
                 await _wait_for(lambda: runner.waiting_pulls == 2)
                 broker.begin_shutdown()
         assert answers == [0, 0]
+
+
+async def test_a_pull_whose_caller_is_gone_leaves_the_line() -> None:
+    async with running(MemoryStore()) as broker:
+        await _group(broker)
+        runner = broker.groups["g"]
+        gone = anyio.Event()
+        answers: list[int] = []
+
+        async def poll() -> None:
+            result = await broker.pull("g", 10, 30_000, None, [], gone=gone.wait)
+            answers.append(len(result.deliveries))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                await _wait_for(lambda: runner.waiting_pulls == 1)
+                gone.set()
+        assert answers == [0] and runner.waiting_pulls == 0
+
+
+async def test_messages_handed_to_a_pull_whose_caller_just_went_go_back() -> None:
+    async with running(MemoryStore()) as broker:
+        await _group(broker)
+        runner = broker.groups["g"]
+        gone = anyio.Event()
+        answers: list[int] = []
+
+        async def poll() -> None:
+            result = await broker.pull("g", 10, 30_000, None, [], gone=gone.wait)
+            answers.append(len(result.deliveries))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await _wait_for(lambda: runner.waiting_pulls == 1)
+            await broker.produce("t", items("a"))
+            gone.set()  # the client went away as the message was handed over
+            assert runner.hand_out() == 1
+        assert answers == [0]
+        assert runner.stats().in_flight == 0
+        again = (await broker.pull("g", 10, 0, None, [])).deliveries
+        assert [(d.message.offset, d.attempt) for d in again] == [(0, 1)]
