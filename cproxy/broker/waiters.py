@@ -31,7 +31,16 @@ LaneKey = tuple[str, ...] | None
 class Waiter:
     """One waiting pull: what it may take, and what it was handed."""
 
-    __slots__ = ("_event", "deliveries", "key", "max_messages", "max_per_key", "seq", "topics")
+    __slots__ = (
+        "_event",
+        "deliveries",
+        "key",
+        "left",
+        "max_messages",
+        "max_per_key",
+        "seq",
+        "topics",
+    )
 
     def __init__(
         self, max_messages: int, topics: Collection[str] | None, max_per_key: int = 1
@@ -46,6 +55,8 @@ class Waiter:
         self.seq = -1
         #: What ``hand_out`` took for this waiter (empty until then, and after ``take``).
         self.deliveries: list[Delivery] = []
+        #: The caller went away (``leave``): whatever was handed must be given back.
+        self.left = False
         self._event = anyio.Event()
 
     @property
@@ -62,6 +73,11 @@ class Waiter:
         """The handed deliveries, now owned by the caller (the waiter keeps none)."""
         out, self.deliveries = self.deliveries, []
         return out
+
+    def leave(self) -> None:
+        """The caller is gone: wake the waiting pull so that it leaves the line."""
+        self.left = True
+        self._event.set()
 
     def _wake(self, deliveries: list[Delivery]) -> None:
         self.deliveries = deliveries
