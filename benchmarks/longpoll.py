@@ -62,6 +62,8 @@ class Tally:
     """What the pullers saw, shared by all of them (one event loop: no locks)."""
 
     latencies_ms: list[float] = field(default_factory=list)
+    #: Stored -> delivered (the message's ``produced_at_ms`` to the answer, wall clock).
+    store_ms: list[float] = field(default_factory=list)
     errors: int = 0
     requests: int = 0
     started: int = 0
@@ -121,6 +123,7 @@ async def puller(host: str, port: int, group: str, wait_ms: int, tally: Tally) -
                     first = False
                 status, data = await _answer(reader)
                 now_ms = time.monotonic() * 1000
+                wall_ms = time.time() * 1000
                 acks = []
                 if status != 200:
                     tally.error(f"status {status}: {data[:200]!r}")
@@ -128,6 +131,7 @@ async def puller(host: str, port: int, group: str, wait_ms: int, tally: Tally) -
                     continue
                 for m in orjson.loads(data)["messages"]:
                     tally.latencies_ms.append(now_ms - m["body"]["t"])
+                    tally.store_ms.append(wall_ms - m["produced_at_ms"])
                     acks.append({"topic": m["topic"], "qid": m["qid"], "acks": [m["offset"]]})
                 tally.changed.set()
         except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
@@ -270,6 +274,9 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
         "p50_ms": percentile(lat, 50) if lat else float("nan"),
         "p99_ms": percentile(lat, 99) if lat else float("nan"),
         "max_ms": lat[-1] if lat else float("nan"),
+        "store_p50_ms": percentile(sorted(tally.store_ms), 50),
+        "store_p99_ms": percentile(sorted(tally.store_ms), 99),
+        "store_max_ms": max(tally.store_ms, default=float("nan")),
         "produce_p50_ms": percentile(sorted(produce_ms), 50),
         "produce_p99_ms": percentile(sorted(produce_ms), 99),
         "idle_cpu_pct": round(100 * out["idle_core_share"], 2),
@@ -282,7 +289,9 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
 def describe(r: dict[str, Any]) -> str:
     return (
         f"errors {r['errors']} p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} "
-        f"max {r['max_ms']:.0f} ms (produce p50 {r['produce_p50_ms']:.1f} "
+        f"max {r['max_ms']:.0f} ms; store->deliver p50 {r['store_p50_ms']:.1f} "
+        f"p99 {r['store_p99_ms']:.1f} max {r['store_max_ms']:.0f} ms "
+        f"(produce p50 {r['produce_p50_ms']:.1f} "
         f"p99 {r['produce_p99_ms']:.1f}); cpu idle {r['idle_cpu_pct']:.1f}% "
         f"trickle {r['trickle_cpu_pct']:.0f}%; rss {r['rss_mib']} MiB"
     )
@@ -293,6 +302,7 @@ METRICS = [
     ("p50 ms", "p50_ms"),
     ("p99 ms", "p99_ms"),
     ("max ms", "max_ms"),
+    ("store->deliver p99 ms", "store_p99_ms"),
     ("idle CPU %", "idle_cpu_pct"),
     ("trickle CPU %", "trickle_cpu_pct"),
     ("RSS MiB", "rss_mib"),
@@ -312,6 +322,7 @@ def cell_table(results: dict[str, list[dict[str, Any]]], names: list[str]) -> st
             ("p50 ms", lambda n: m(n, "p50_ms", ".1f")),
             ("p99 ms", lambda n: m(n, "p99_ms", ".1f")),
             ("max ms", lambda n: m(n, "max_ms", ".0f")),
+            ("store→deliver p50/p99/max ms", lambda n: " / ".join(m(n, k, f) for k, f in (("store_p50_ms", ".1f"), ("store_p99_ms", ".1f"), ("store_max_ms", ".0f")))),  # noqa: E501
             ("produce call p50/p99 ms", lambda n: m(n, "produce_p50_ms", ".1f") + " / " + m(n, "produce_p99_ms", ".1f")),  # noqa: E501
             ("server CPU idle", lambda n: m(n, "idle_cpu_pct", ".1f") + "%"),
             ("idle pulls/s", lambda n: m(n, "idle_requests_per_s", ".0f")),
