@@ -8,7 +8,7 @@ then ``--rate`` single-message produces per second (each a new key) for ``--seco
 
 - *send→deliver*: ``produce()`` called -> the pull that carries the message returned
   (produces run on schedule for ``--seconds`` at most: a broker that cannot keep up
-  produces fewer, shown as delivered/produced of the scheduled total);
+  produces fewer: the table shows delivered/produced);
 - *CPU µs per message*: process CPU during the trickle / messages;
 - *idle CPU*: process CPU share while N pulls wait and nothing is produced (``--wait-ms``
   bounds each wait, so this includes expiring and re-entering waits).
