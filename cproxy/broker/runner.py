@@ -1,20 +1,20 @@
 """Drives one ``GroupEngine`` with a store: reading, timers, long polls and commits.
 
-Three background tasks per group, all on the broker's event loop:
+Four background tasks per group, all on the broker's event loop:
 
 - the *fetcher* reads what the engine plans (``plan_fetches``) whenever it is kicked: a
   produce landed, acks freed buffer space, a chain asked to be reloaded, a seek happened;
 - the *timer* fires ack timeouts and due retries at the engine's next deadline;
-- the *committer* persists progress and dead letters every ``commit_interval_ms``.
+- the *committer* persists progress and dead letters every ``commit_interval_ms``;
+- the *dispatcher* hands ready work to waiting pulls.
 
 A pull that finds nothing waits in the group's FIFO of waiters (``waiters.py``): whenever
-work becomes ready (``_hand_out``), the oldest waiters get it, one engine pull each, and only
-those are woken; idle waiters cost nothing.
+work becomes ready, the dispatcher (``hand_out``) gives it to the oldest waiters, one engine
+pull each, and wakes only those; idle waiters cost nothing.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -186,7 +186,7 @@ class GroupRunner:
         """Hand ready work to waiting pulls now, oldest first; returns how many were served.
 
         The woken pulls return their messages when they next run; one cancelled before
-        that gives them back (``_wait``)."""
+        that gives them back (``Waiters.wait``)."""
         if self._stopping or not self._waiters:
             return 0
         served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
@@ -347,44 +347,10 @@ class GroupRunner:
         deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
         if not deliveries and wait_ms > 0:
             waiter = Waiter(max_messages, topics, max_per_key)
-            deliveries = await self._wait(waiter, wait_ms, gone)
+            deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
             self._timer_kick.set()
         return PullResult(deliveries, applied, unknown)
-
-    async def _wait(
-        self, waiter: Waiter, wait_ms: int, gone: Callable[[], Awaitable[object]] | None
-    ) -> list[Delivery]:
-        """Queue ``waiter`` until work is handed to it, ``wait_ms`` passed or ``gone()``
-        returned."""
-        self._waiters.enqueue(waiter)
-        # A bare task, not a task group: this runs once per waiting pull, and an anyio task
-        # group with its cancel scopes costs several times as much CPU.
-        watch = None if gone is None else asyncio.ensure_future(self._watch(waiter, gone))
-        try:
-            await waiter.wait(wait_ms / 1000)
-        except BaseException:
-            # Cancelled (shutdown, the server dropped the request): messages handed to this
-            # waiter at the same moment never reach anyone; they go back to ready, uncharged.
-            self._waiters.remove(waiter)
-            self._give_back(waiter.take())
-            raise
-        finally:
-            if watch is not None:
-                watch.cancel()
-        self._waiters.remove(waiter)
-        if waiter.left:
-            self._give_back(waiter.take())
-            return []
-        return waiter.take()
-
-    async def _watch(self, waiter: Waiter, gone: Callable[[], Awaitable[object]]) -> None:
-        try:
-            await gone()
-        except Exception as exc:  # cannot watch: wait on as if no ``gone`` was given
-            logger.debug("group=%s pull not watched: %r", self.name, exc)
-            return
-        waiter.leave()
 
     def _give_back(self, deliveries: list[Delivery]) -> None:
         if not deliveries:

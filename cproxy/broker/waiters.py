@@ -16,13 +16,17 @@ others. A waiter that was handed messages it can no longer return keeps them in
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import logging
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 
 import anyio
 
 from cproxy.engine.snapshots import Delivery
+
+logger = logging.getLogger(__name__)
 
 #: A lane's key: the pull's topic selection (sorted), or None for "every topic of the group".
 LaneKey = tuple[str, ...] | None
@@ -107,6 +111,40 @@ class Waiters:
             lane = self._lanes[waiter.key] = OrderedDict()
         lane[waiter.seq] = waiter
 
+    async def wait(
+        self,
+        waiter: Waiter,
+        timeout_s: float,
+        gone: Callable[[], Awaitable[object]] | None,
+        give_back: Callable[[list[Delivery]], None],
+    ) -> list[Delivery]:
+        """Queue ``waiter`` and wait until work is handed to it, ``timeout_s`` passed or
+        ``gone()`` returned (the caller's client disconnected); returns what it got.
+
+        Whatever was handed to a waiter that cannot return it (cancelled, or its caller
+        gone, in the same instant) goes to ``give_back``: it must not stay in flight with
+        nobody to ack it.
+        """
+        self.enqueue(waiter)
+        # A bare task, not a task group: this runs once per waiting pull, and an anyio task
+        # group with its cancel scopes costs several times as much CPU as the whole wait.
+        watch = None if gone is None else asyncio.ensure_future(_watch(waiter, gone))
+        try:
+            await waiter.wait(timeout_s)
+        except BaseException:
+            # Cancelled (shutdown, the server dropped the request).
+            self.remove(waiter)
+            give_back(waiter.take())
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        self.remove(waiter)
+        if waiter.left:
+            give_back(waiter.take())
+            return []
+        return waiter.take()
+
     def remove(self, waiter: Waiter) -> bool:
         """Take ``waiter`` out of the queue; False if it was no longer queued (woken)."""
         lane = self._lanes.get(waiter.key)
@@ -157,3 +195,12 @@ class Waiters:
                 waiter._wake([])
                 count += 1
         return count
+
+
+async def _watch(waiter: Waiter, gone: Callable[[], Awaitable[object]]) -> None:
+    try:
+        await gone()
+    except Exception as exc:  # cannot watch: wait on as if no ``gone`` was given
+        logger.debug("pull not watched for a gone client: %r", exc)
+        return
+    waiter.leave()
