@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -47,7 +48,8 @@ logger = logging.getLogger(__name__)
 B = TypeVar("B", bound=msgspec.Struct)
 
 #: ``(app state, path parameters, token, decoded body, body bytes) -> JSON answer bytes``.
-Handler = Callable[[Any, dict[str, str], Token | None, B, bytes], Awaitable[bytes]]
+#: (app state, path params, token, decoded body, raw body, the ASGI receive) -> answer bytes.
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, Receive], Awaitable[bytes]]
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _AT = re.compile(r"^(.*) - at `\$(.*)`$", re.DOTALL)
@@ -129,7 +131,7 @@ class LeanEndpoint(Generic[B]):
         if problem is not None:
             raise problem
         assert body is not None
-        return await self.handler(state, params, token, body, raw)
+        return await self.handler(state, params, token, body, raw, receive)
 
 
 class _Disconnected(Exception):
@@ -215,7 +217,12 @@ def results(items: list[QueueResults]) -> list[Result]:
 
 
 async def _produce(
-    state: Any, params: dict[str, str], token: Token | None, body: Produce, raw: bytes
+    state: Any,
+    params: dict[str, str],
+    token: Token | None,
+    body: Produce,
+    raw: bytes,
+    receive: Receive,
 ) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
@@ -230,7 +237,12 @@ async def _produce(
 
 
 async def _pull(
-    state: Any, params: dict[str, str], token: Token | None, body: Pull, raw: bytes
+    state: Any,
+    params: dict[str, str],
+    token: Token | None,
+    body: Pull,
+    raw: bytes,
+    receive: Receive,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
@@ -242,12 +254,24 @@ async def _pull(
         body.topics,
         results(body.results),
         body.max_per_key,
+        gone=partial(_disconnected, receive),
     )
     return orjson.dumps(wire.pull_result(answer, runs=body.max_per_key > 1))
 
 
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has gone (the body was read: the next message is the end)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _ack(
-    state: Any, params: dict[str, str], token: Token | None, body: Ack, raw: bytes
+    state: Any,
+    params: dict[str, str],
+    token: Token | None,
+    body: Ack,
+    raw: bytes,
+    receive: Receive,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 import anyio
 import orjson
@@ -224,8 +224,7 @@ class Broker:
             # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
                 if runner.reads(topic):
-                    for qid, batch in stored.items():
-                        runner.offer(topic, qid, batch)
+                    runner.offer(topic, stored)
         if self._on_produced is not None:
             self._on_produced(topic, sum(not r.duplicate for r in results))
         return results
@@ -304,10 +303,13 @@ class Broker:
         topics: Sequence[str] | None,
         results: Sequence[Result],
         max_per_key: int = 1,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
 
-        ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``).
+        ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone()``
+        returns when the caller's client disconnected: a waiting pull then leaves at once
+        (``GroupRunner.pull``).
         """
         limits = self.settings.limits
         if max_messages > limits.max_pull_messages:
@@ -322,7 +324,7 @@ class Broker:
             if unknown:
                 raise InvalidRequest(f"group {name!r} does not read topic(s) {unknown}")
         started = time.perf_counter()
-        result = await runner.pull(max_messages, wait_ms, topics, results, max_per_key)
+        result = await runner.pull(max_messages, wait_ms, topics, results, max_per_key, gone)
         if self._on_pull is not None:
             self._on_pull(name, time.perf_counter() - started)
         return result

@@ -1,20 +1,21 @@
 """Drives one ``GroupEngine`` with a store: reading, timers, long polls and commits.
 
-Three background tasks per group, all on the broker's event loop:
+Four background tasks per group, all on the broker's event loop:
 
 - the *fetcher* reads what the engine plans (``plan_fetches``) whenever it is kicked: a
   produce landed, acks freed buffer space, a chain asked to be reloaded, a seek happened;
 - the *timer* fires ack timeouts and due retries at the engine's next deadline;
-- the *committer* persists progress and dead letters every ``commit_interval_ms``.
+- the *committer* persists progress and dead letters every ``commit_interval_ms``;
+- the *dispatcher* hands ready work to waiting pulls.
 
-Long-polling pulls wait on ``_ready``, an event replaced each time it fires so that every
-waiter wakes once per change and re-checks.
+A pull that finds nothing waits in the group's FIFO of waiters (``waiters.py``): whenever
+work becomes ready, the dispatcher (``hand_out``) gives it to the oldest waiters, one engine
+pull each, and wakes only those; idle waiters cost nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,6 +33,7 @@ from cproxy.store.base import Store
 from .clock import now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .waiters import Waiter, Waiters
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ class GroupRunner:
         self.name = engine.name
         self.commit_interval_ms = commit_interval_ms
         self.dead_letter_count = 0
-        self._ready = anyio.Event()
+        self._waiters = Waiters()
+        self._hand_kick = anyio.Event()
         self._fetch_kick = anyio.Event()
         self._timer_kick = anyio.Event()
         self._commit_kick = anyio.Event()
@@ -109,6 +112,7 @@ class GroupRunner:
                     tg.start_soon(self._supervise, "fetcher", self._fetcher)
                     tg.start_soon(self._supervise, "timer", self._timer)
                     tg.start_soon(self._supervise, "committer", self._committer)
+                    tg.start_soon(self._supervise, "dispatcher", self._dispatcher)
                     for lane in self._push_lanes:
                         tg.start_soon(self._supervise, f"push:{lane.topic}", lane.run)
             finally:
@@ -131,7 +135,7 @@ class GroupRunner:
     def stop_pulls(self) -> None:
         """Make waiting and future long polls return at once."""
         self._stopping = True
-        self._notify_ready()
+        self._waiters.wake_all()
 
     async def close(self, *, commit: bool = True) -> None:
         """Stop the tasks and, unless told otherwise, persist progress one last time."""
@@ -169,6 +173,27 @@ class GroupRunner:
                 self._notify_ready()
             self._after_finish()
 
+    async def _dispatcher(self) -> None:
+        """Hand ready work to waiting pulls. Kicked rather than called in place, so that
+        everything made ready in one turn of the loop (a produce batch over many queues, a
+        fetch round) is handed out in one pass, in as few answers as possible."""
+        while True:
+            await self._hand_kick.wait()
+            self._hand_kick = anyio.Event()
+            self.hand_out()
+
+    def hand_out(self) -> int:
+        """Hand ready work to waiting pulls now, oldest first; returns how many were served.
+
+        The woken pulls return their messages when they next run; one cancelled before
+        that gives them back (``Waiters.wait``)."""
+        if self._stopping or not self._waiters:
+            return 0
+        served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
+        if served:
+            self._timer_kick.set()  # new ack deadlines
+        return served
+
     async def _committer(self) -> None:
         while True:
             self._commit_kick = anyio.Event()
@@ -203,8 +228,17 @@ class GroupRunner:
 
     # -- signals -------------------------------------------------------------------------------
     def _notify_ready(self) -> None:
-        event, self._ready = self._ready, anyio.Event()
-        event.set()
+        """Work may be ready: the dispatcher hands it to waiting pulls, oldest first."""
+        if self._waiters:
+            self._hand_kick.set()
+
+    def _take_for(self, waiter: Waiter) -> list[Delivery]:
+        return self._engine.pull(waiter.max_messages, waiter.topics, now_ms(), waiter.max_per_key)
+
+    @property
+    def waiting_pulls(self) -> int:
+        """Long polls waiting for work now."""
+        return len(self._waiters)
 
     def _after_finish(self) -> None:
         """Something finished or timed out: buffer space or reloads may be pending."""
@@ -212,11 +246,19 @@ class GroupRunner:
         if self._engine.has_pending_dead_letters:
             self._commit_kick.set()
 
-    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> None:
-        """Just-stored messages: taken directly when caught up, else read by the fetcher."""
-        if self._engine.offer(topic, qid, messages):
+    def offer(self, topic: str, stored: Mapping[int, Sequence[Message]]) -> None:
+        """A produce's just-stored messages, per queue (qid -> consecutive messages): taken
+        directly by caught-up queues, else read by the fetcher. One hand-off for the whole
+        batch: waiting pulls are woken once, and the fetcher kicked once."""
+        taken = refused = False
+        for qid, messages in stored.items():
+            if self._engine.offer(topic, qid, messages):
+                taken = True
+            else:
+                refused = True
+        if taken:
             self._notify_ready()
-        else:
+        if refused:
             self._fetch_kick.set()
 
     # -- views ---------------------------------------------------------------------------------
@@ -289,21 +331,31 @@ class GroupRunner:
         topics: Collection[str] | None,
         results: Sequence[Result],
         max_per_key: int = 1,
+        gone: Callable[[], Awaitable[object]] | None = None,
     ) -> PullResult:
-        """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``."""
+        """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``.
+
+        ``gone()``, when given, returns once the caller is gone (its client disconnected):
+        a pull waiting then leaves the line and answers nothing; messages handed to it at
+        that moment go back, uncharged.
+        """
         applied, unknown = self.apply(results) if results else Outcome(0, [])
-        deadline = time.monotonic() + wait_ms / 1000
-        while True:
-            ready = self._ready
-            deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
-            remaining = deadline - time.monotonic()
-            if deliveries or remaining <= 0 or self._stopping:
-                break
-            with anyio.move_on_after(remaining):
-                await ready.wait()
+        if self._stopping:
+            return PullResult([], applied, unknown)
+        deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
+        if not deliveries and wait_ms > 0:
+            waiter = Waiter(max_messages, topics, max_per_key)
+            deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
             self._timer_kick.set()
         return PullResult(deliveries, applied, unknown)
+
+    def _give_back(self, deliveries: list[Delivery]) -> None:
+        if not deliveries:
+            return
+        refs = [d.message.ref for d in deliveries]
+        self.release_uncharged(refs, {d.message.ref: d.attempt for d in deliveries})
+        logger.info("group=%s pull cancelled: %d handed message(s) back", self.name, len(refs))
 
     def release_uncharged(
         self, refs: Iterable[MessageRef], attempts: Mapping[MessageRef, int]

@@ -44,6 +44,11 @@ def _is_stuck(head: Entry, now_ms: int) -> bool:
     )
 
 
+def _has_work(cur: QueueCursor) -> bool:
+    """Something to read for this queue: new messages, or a restore or scan under way."""
+    return cur.fetch_offset < cur.end_offset or cur.catching_up
+
+
 def _hold(message: Message, first_read: bool) -> Entry:
     """No filter or transform: every read message is held."""
     return Entry(message)
@@ -61,6 +66,7 @@ class Reader:
         "_screen",
         "_seq",
         "_tally",
+        "_unread",
     )
 
     def __init__(
@@ -88,6 +94,13 @@ class Reader:
         self._screen = screen or _hold
         self._rotation = 0
         self._next_park_check_ms = 0
+        #: Cursors that may have something to read (new messages, or a restore or scan
+        #: after a restart): planning looks only at these, not at every queue. A superset:
+        #: every change that can create work adds the cursor (``_touch``); ``plan`` drops
+        #: those it finds with nothing to read.
+        self._unread: dict[QueueRef, QueueCursor] = {
+            ref: cur for ref, cur in self._cursors.items() if _has_work(cur)
+        }
 
     def cursor(self, topic: str, qid: int) -> QueueCursor | None:
         return self._cursors.get((topic, qid))
@@ -101,6 +114,7 @@ class Reader:
         cur = self._cursors.get((topic, qid))
         if cur is not None and end_offset > cur.end_offset:
             cur.end_offset = end_offset
+            self._unread[(topic, qid)] = cur
 
     def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up."""
@@ -126,8 +140,11 @@ class Reader:
         requests: list[FetchRequest] = []
         for cur in self._cursors.values():
             space -= self._plan_delay_rescan(cur, now_ms, space, requests)
+        unread = self._unread
+        for ref in [ref for ref, cur in unread.items() if not _has_work(cur)]:
+            del unread[ref]
         # Ranges held in memory before a restart come back first, whole, in offset order.
-        for cur in self._cursors.values():
+        for cur in unread.values():
             if cur.restore and space > 0:
                 start, end = cur.restore[0]
                 count = min(FETCH_BATCH, space, end - start)
@@ -169,9 +186,7 @@ class Reader:
                 deferred.append(chain)
         for chain in deferred:
             self._seq.reload_later(chain)
-        curs = [
-            p for p in self._cursors.values() if p.fetch_offset < p.end_offset and not p.catching_up
-        ]
+        curs = [p for p in unread.values() if p.fetch_offset < p.end_offset and not p.catching_up]
         if not curs or space <= 0:
             return requests
         share = max(1, min(FETCH_BATCH, space // len(curs)))
@@ -397,9 +412,14 @@ class Reader:
     # -- operator actions ----------------------------------------------------------------------
     def reset(self, topic: str, qid: int, offset: int) -> None:
         """Restart a queue at ``offset``: reads planned before are recognised as stale."""
-        self._cursors[(topic, qid)].reset(offset)
+        cur = self._cursors[(topic, qid)]
+        cur.reset(offset)
+        self._unread[(topic, qid)] = cur
 
     def skip_to(self, topic: str, qid: int, min_offset: int) -> int:
         """Retention moved the queue's first offset: skip what is gone; returns how many."""
         cur = self._cursors.get((topic, qid))
-        return 0 if cur is None else cur.skip_to(min_offset)
+        if cur is None:
+            return 0
+        self._unread[(topic, qid)] = cur  # conservative: plan() drops it if nothing to read
+        return cur.skip_to(min_offset)

@@ -1,0 +1,206 @@
+"""Long-polling pulls that wait for work, served first come, first served.
+
+A pull that finds nothing ready parks a ``Waiter`` here and sleeps on its own event. When
+work becomes ready the group runner calls ``Waiters.hand_out``: the oldest waiters are
+served in arrival order, each with a real ``GroupEngine.pull`` made on its behalf, and only
+those that got messages are woken (as SQS long polling behaves). A produce of one message
+therefore wakes one pull, not every waiting one, and an idle waiter costs nothing but its
+timer.
+
+Waiters that select topics (``topics``) queue in a *lane* per selection, so work of one
+topic never scans waiters that cannot take it; across lanes the earliest arrival goes first.
+Leaving (deadline passed, client gone, task cancelled) is ``remove``: O(1), no cost to the
+others. A waiter that was handed messages it can no longer return keeps them in
+``deliveries`` for its owner to give back (``GroupRunner`` releases them uncharged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Collection
+
+import anyio
+
+from cproxy.engine.snapshots import Delivery
+
+logger = logging.getLogger(__name__)
+
+#: A lane's key: the pull's topic selection (sorted), or None for "every topic of the group".
+LaneKey = tuple[str, ...] | None
+
+
+class Waiter:
+    """One waiting pull: what it may take, and what it was handed."""
+
+    __slots__ = (
+        "_event",
+        "deliveries",
+        "key",
+        "left",
+        "max_messages",
+        "max_per_key",
+        "seq",
+        "topics",
+    )
+
+    def __init__(
+        self, max_messages: int, topics: Collection[str] | None, max_per_key: int = 1
+    ) -> None:
+        """``max_messages`` and ``max_per_key`` as for ``GroupEngine.pull``; ``topics``
+        None means every topic the group reads."""
+        self.max_messages = max_messages
+        self.max_per_key = max_per_key
+        self.topics = topics
+        self.key: LaneKey = None if topics is None else tuple(sorted(set(topics)))
+        #: Arrival number, set by ``Waiters.enqueue``.
+        self.seq = -1
+        #: What ``hand_out`` took for this waiter (empty until then, and after ``take``).
+        self.deliveries: list[Delivery] = []
+        #: The caller went away (``leave``): whatever was handed must be given back.
+        self.left = False
+        self._event = anyio.Event()
+
+    @property
+    def woken(self) -> bool:
+        """Handed work, or released by ``wake_all``."""
+        return self._event.is_set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Sleep until woken or ``timeout_s`` seconds passed (cancellation propagates)."""
+        with anyio.move_on_after(timeout_s):
+            await self._event.wait()
+
+    def take(self) -> list[Delivery]:
+        """The handed deliveries, now owned by the caller (the waiter keeps none)."""
+        out, self.deliveries = self.deliveries, []
+        return out
+
+    def leave(self) -> None:
+        """The caller is gone: wake the waiting pull so that it leaves the line."""
+        self.left = True
+        self._event.set()
+
+    def _wake(self, deliveries: list[Delivery]) -> None:
+        self.deliveries = deliveries
+        self._event.set()
+
+
+class Waiters:
+    """The FIFO of one group's waiting pulls (see the module docstring)."""
+
+    __slots__ = ("_lanes", "_seq")
+
+    def __init__(self) -> None:
+        self._lanes: dict[LaneKey, OrderedDict[int, Waiter]] = {}
+        self._seq = itertools.count()
+
+    def __len__(self) -> int:
+        return sum(len(lane) for lane in self._lanes.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._lanes)  # empty lanes are dropped at once
+
+    def enqueue(self, waiter: Waiter) -> None:
+        """Queue ``waiter`` behind every waiter already queued."""
+        waiter.seq = next(self._seq)
+        lane = self._lanes.get(waiter.key)
+        if lane is None:
+            lane = self._lanes[waiter.key] = OrderedDict()
+        lane[waiter.seq] = waiter
+
+    async def wait(
+        self,
+        waiter: Waiter,
+        timeout_s: float,
+        gone: Callable[[], Awaitable[object]] | None,
+        give_back: Callable[[list[Delivery]], None],
+    ) -> list[Delivery]:
+        """Queue ``waiter`` and wait until work is handed to it, ``timeout_s`` passed or
+        ``gone()`` returned (the caller's client disconnected); returns what it got.
+
+        Whatever was handed to a waiter that cannot return it (cancelled, or its caller
+        gone, in the same instant) goes to ``give_back``: it must not stay in flight with
+        nobody to ack it.
+        """
+        self.enqueue(waiter)
+        # A bare task, not a task group: this runs once per waiting pull, and an anyio task
+        # group with its cancel scopes costs several times as much CPU as the whole wait.
+        watch = None if gone is None else asyncio.ensure_future(_watch(waiter, gone))
+        try:
+            await waiter.wait(timeout_s)
+        except BaseException:
+            # Cancelled (shutdown, the server dropped the request).
+            self.remove(waiter)
+            give_back(waiter.take())
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        self.remove(waiter)
+        if waiter.left:
+            give_back(waiter.take())
+            return []
+        return waiter.take()
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take ``waiter`` out of the queue; False if it was no longer queued (woken)."""
+        lane = self._lanes.get(waiter.key)
+        if lane is None or lane.pop(waiter.seq, None) is None:
+            return False
+        if not lane:
+            del self._lanes[waiter.key]
+        return True
+
+    def hand_out(
+        self,
+        has_work: Callable[[Collection[str] | None], bool],
+        take: Callable[[Waiter], list[Delivery]],
+    ) -> int:
+        """Serve waiting pulls in arrival order while there is work; returns how many woke.
+
+        ``has_work(topics)`` says whether a pull of ``topics`` would get something now;
+        ``take(waiter)`` makes that pull (moving the messages in flight). A waiter is
+        dequeued and woken only when ``take`` gave it messages, so waiters beyond the
+        available work are never touched.
+        """
+        woken = 0
+        while True:
+            best: OrderedDict[int, Waiter] | None = None
+            best_seq = 0
+            for lane in self._lanes.values():
+                first = next(iter(lane))
+                if (best is None or first < best_seq) and has_work(lane[first].topics):
+                    best, best_seq = lane, first
+            if best is None:
+                return woken
+            waiter = best[best_seq]
+            deliveries = take(waiter)
+            if not deliveries:
+                return woken  # has_work promised work that was not there: stop, lose nobody
+            del best[best_seq]
+            if not best:
+                del self._lanes[waiter.key]
+            waiter._wake(deliveries)
+            woken += 1
+
+    def wake_all(self) -> int:
+        """Wake every waiter empty-handed (the group stops); returns how many."""
+        lanes, self._lanes = self._lanes, {}
+        count = 0
+        for lane in lanes.values():
+            for waiter in lane.values():
+                waiter._wake([])
+                count += 1
+        return count
+
+
+async def _watch(waiter: Waiter, gone: Callable[[], Awaitable[object]]) -> None:
+    try:
+        await gone()
+    except Exception as exc:  # cannot watch: wait on as if no ``gone`` was given
+        logger.debug("pull not watched for a gone client: %r", exc)
+        return
+    waiter.leave()
