@@ -234,3 +234,24 @@ class Released(_Out):
 
 class Status(_Out):
     status: str
+
+
+class OwnedQueue(_Out):
+    topic: str
+    qid: int
+    #: Grows by one each time the queue changes owner; commits are fenced with it.
+    epoch: int
+    #: "owned", or "releasing" while the owner drains it before handing it over.
+    state: str
+
+
+class ClusterMember(_Out):
+    node_id: str
+    advertise_url: str
+    queues: list[OwnedQueue]
+
+
+class ClusterOut(_Out):
+    cluster: bool
+    node_id: str | None
+    members: list[ClusterMember]

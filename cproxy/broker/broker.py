@@ -35,6 +35,7 @@ from cproxy.store.base import Store
 
 from .clock import every, now_ms
 from .health import WriteHealth
+from .hosting import QueueHosting
 from .runner import GroupRunner, PullResult
 from .topics import Retention, SeekTarget, Topics, retention_of
 from .views import GroupSummary, GroupView
@@ -43,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 
-class Broker:
+class Broker(QueueHosting):
     """Start with ``start(task_group)``; stop with ``stop()``."""
 
     def __init__(
@@ -68,6 +69,8 @@ class Broker:
         self.accepting = False
         self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
+        self.owned = None
+        self.check_lease = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -131,6 +134,7 @@ class Broker:
             self._task_group,
             self.settings.commit_interval_ms,
             self._ack_latency_for(name) if self._ack_latency_for else None,
+            None if self.owned is None else set(self.owned),
         )
 
     async def ready(self) -> bool:
@@ -310,6 +314,8 @@ class Broker:
         if wait_ms > limits.max_wait_ms:
             raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
         runner = self._runner(name)
+        if self.check_lease is not None and results:
+            self.check_lease()
         if topics is not None:
             unknown = [t for t in topics if not runner.reads(t)]
             if unknown:
@@ -322,7 +328,10 @@ class Broker:
 
     def ack(self, name: str, results: Sequence[Result]) -> Outcome:
         """Apply acks and fails without pulling."""
-        return self._runner(name).apply(results)
+        runner = self._runner(name)
+        if self.check_lease is not None:
+            self.check_lease()
+        return runner.apply(results)
 
     def extend(
         self,
@@ -335,7 +344,10 @@ class Broker:
 
         ``attempts`` fences the extends (ref -> attempt), as for results.
         """
-        return self._runner(name).extend(refs, ack_timeout_ms, attempts)
+        runner = self._runner(name)
+        if self.check_lease is not None:
+            self.check_lease()
+        return runner.extend(refs, ack_timeout_ms, attempts)
 
     # -- operator actions ----------------------------------------------------------------------
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:

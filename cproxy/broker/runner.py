@@ -23,9 +23,9 @@ from anyio.abc import TaskGroup
 
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
-from cproxy.engine.records import Result
+from cproxy.engine.records import CommitBatch, Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
-from cproxy.errors import StoreError
+from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
@@ -73,8 +73,12 @@ class GroupRunner:
         task_group: TaskGroup,
         commit_interval_ms: int,
         on_ack_latency_s: Callable[[float], None] | None = None,
+        queues: Collection[QueueRef] | None = None,
     ) -> GroupRunner:
-        """Load progress (choosing start offsets for new queues) and start the tasks."""
+        """Load progress (choosing start offsets for new queues) and start the tasks.
+
+        ``queues`` (cluster mode) limits the group to the queues this proxy owns; None: all.
+        """
         stored = await store.load_progress(name)
         progress: dict[QueueRef, QueueProgress] = {}
         ends: dict[QueueRef, int] = {}
@@ -82,6 +86,8 @@ class GroupRunner:
         for topic in config.topics:
             for stats in await store.queue_stats(topic):
                 ref = (topic, stats.qid)
+                if queues is not None and ref not in queues:
+                    continue
                 ends[ref] = stats.next_offset
                 if ref in stored:
                     progress[ref] = stored[ref]
@@ -185,6 +191,19 @@ class GroupRunner:
             await self._store.commit(
                 self.name, batch.progress, batch.dead_letters, batch.redrive_done
             )
+        except QueueNotOwned as exc:
+            # Cluster mode: another proxy took these queues over. Their state here is lost
+            # (late results answer unknown); the rest of the batch goes with the next commit.
+            lost = set(exc.refs)
+            logger.warning("group=%s lost queues %s: their state is dropped", self.name, exc.refs)
+            for topic, qid in lost:
+                self._engine.drop_queue(topic, qid)
+            batch.dead_letters = [
+                d for d in batch.dead_letters if (d.message.topic, d.message.qid) not in lost
+            ]
+            self._engine.requeue(batch)
+            self._commit_kick.set()
+            return
         except StoreError as exc:
             logger.warning("group=%s commit failed, will retry: %s", self.name, exc)
             self._engine.requeue(batch)
@@ -218,6 +237,45 @@ class GroupRunner:
             self._notify_ready()
         else:
             self._fetch_kick.set()
+
+    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
+        """Another proxy appended to a queue this group serves: read up to ``end_offset``."""
+        self._engine.note_end(topic, qid, end_offset)
+        self._fetch_kick.set()
+
+    # -- queues joining and leaving (cluster mode: cproxy.cluster.node) ------------------------
+    async def add_queue(self, topic: str, qid: int) -> None:
+        """Serve a queue this proxy now owns, from its persisted progress."""
+        if not self.reads(topic) or self._engine.serves(topic, qid):
+            return
+        stored = (await self._store.load_progress(self.name)).get((topic, qid))
+        stats = next(s for s in await self._store.queue_stats(topic) if s.qid == qid)
+        if stored is None:
+            start = stats.min_offset if self.config.start == "earliest" else stats.next_offset
+            stored = QueueProgress(start)
+            await self._store.commit(self.name, {(topic, qid): stored})
+        self._engine.add_queue(topic, qid, stored, stats.next_offset)
+        self._fetch_kick.set()
+
+    def pause_queue(self, topic: str, qid: int) -> None:
+        """Hand out nothing new from the queue; results for it still apply."""
+        self._engine.pause_queue(topic, qid)
+
+    def in_flight_on(self, topic: str, qid: int) -> int:
+        return self._engine.in_flight_on(topic, qid)
+
+    def take_commit(self) -> CommitBatch:
+        """Everything to persist now (the hand-over commits it in its own transaction)."""
+        return self._engine.take_commit()
+
+    def requeue(self, batch: CommitBatch) -> None:
+        """A batch from ``take_commit`` was not written: keep it for the next commit."""
+        self._engine.requeue(batch)
+
+    def drop_queue(self, topic: str, qid: int) -> None:
+        """Forget the queue (handed over or lost): results for it answer unknown."""
+        self._engine.drop_queue(topic, qid)
+        self._notify_ready()
 
     # -- views ---------------------------------------------------------------------------------
     @property

@@ -71,6 +71,14 @@ class PgBase:
         #: Cluster mode: the owner/epoch check every ``commit`` runs in its transaction
         #: (``cproxy.cluster.fencing``). None (a single proxy): no check, no cost.
         self.fence: Fence | None = None
+        #: Cluster mode: every append notifies ``_pg_sql.APPEND_CHANNEL`` so that the owners
+        #: of the queues, on other proxies, read the new messages at once.
+        self.notify_appends = False
+
+    @property
+    def dsn(self) -> str:
+        """The database's libpq URI (the cluster opens its LISTEN connection with it)."""
+        return self._dsn
 
     async def open(self) -> None:
         if self._pool is not None:

@@ -27,6 +27,7 @@ from cproxy.store._pg_sql import (
     INSERT_MESSAGES,
     LOCK_IDS,
     LOCK_QUEUES,
+    NOTIFY_APPEND,
     UPDATE_QUEUES,
 )
 from cproxy.store._retention import check_retention, queue_cut
@@ -239,6 +240,11 @@ class PgLog(PgBase):
                     await conn.execute(INSERT_MESSAGES, tid, *columns(out.rows)[1:])
                     tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
                     await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
+                    if self.notify_appends:
+                        # Delivered at COMMIT, never for a rolled-back append.
+                        await conn.execute(
+                            NOTIFY_APPEND, [f"{topic}:{q}:{n}" for q, n, _ in tails_now]
+                        )
                 if out.dedup_rows:
                     await conn.execute(INSERT_DEDUP, tid, *columns(out.dedup_rows)[1:])
             if out.dedup_rows:
