@@ -25,8 +25,9 @@ import httpx
 from tests.store.pg_server import free_port
 from tests.support import wait_until
 
-HEARTBEAT_MS = 100
-LEASE_MS = 600
+# Short, but not so short that a loaded 2-core machine makes members flap.
+HEARTBEAT_MS = 200
+LEASE_MS = 2000
 ACK_TIMEOUT_MS = 1500
 
 CLUSTER_TOML = f"""\
@@ -51,6 +52,12 @@ class Proxy:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proxy:
+        """Start and wait until ready."""
+        self.spawn()
+        self.wait_ready()
+        return self
+
+    def spawn(self) -> None:
         cmd = [
             sys.executable, "-m", "cproxy.cli", "serve", "--host", "127.0.0.1",
             "--port", str(self.port), "--store", self.dsn, "--node-id", self.node_id,
@@ -59,6 +66,7 @@ class Proxy:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
 
+    def wait_ready(self) -> None:
         def ready() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
@@ -68,8 +76,7 @@ class Proxy:
             except httpx.TransportError:
                 return False
 
-        wait_until(ready, 30, 0.02, f"{self.node_id} /readyz")
-        return self
+        wait_until(ready, 60, 0.02, f"{self.node_id} /readyz")
 
     def signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None
@@ -143,10 +150,17 @@ class Record:
 
 class Puller(threading.Thread):
     def __init__(
-        self, url: str, group: str, record: Record, stop: threading.Event, hold_s: float = 0.0
+        self,
+        urls: list[str],
+        group: str,
+        record: Record,
+        stop: threading.Event,
+        hold_s: float = 0.0,
     ) -> None:
+        """Pulls from ``urls[0]``; moves on to the next URL when a proxy cannot be reached."""
         super().__init__(daemon=True)
-        self.url = url
+        self.urls = list(urls)
+        self.url = urls[0]
         self.group = group
         self.record = record
         self.stop_event = stop
@@ -154,7 +168,7 @@ class Puller(threading.Thread):
         self.errors = 0
 
     def run(self) -> None:
-        client = httpx.Client(base_url=self.url, timeout=10)
+        client = httpx.Client(timeout=10)
         held: list[tuple[float, dict[str, Any]]] = []
         while True:
             now = time.monotonic()
@@ -177,9 +191,11 @@ class Puller(threading.Thread):
                 body["wait_ms"] = 0
             sent = time.monotonic()
             try:
-                answer = client.post(f"/v1/groups/{self.group}/pull", json=body)
+                answer = client.post(f"{self.url}/v1/groups/{self.group}/pull", json=body)
             except httpx.TransportError:
                 self.errors += 1
+                self.urls.append(self.urls.pop(0))  # a proxy that is down costs a retry
+                self.url = self.urls[0]
                 held += [(0.0, m) for m in due]  # answer them again (elsewhere: unknown)
                 if self.stop_event.is_set():
                     break
@@ -187,6 +203,9 @@ class Puller(threading.Thread):
                 continue
             if answer.status_code != 200:
                 self.errors += 1
+                if answer.status_code == 503 and "shutting_down" in answer.text:
+                    self.urls.append(self.urls.pop(0))
+                    self.url = self.urls[0]
                 held += [(0.0, m) for m in due]
                 time.sleep(0.05)
                 continue
