@@ -41,7 +41,7 @@ from cproxy.cluster.ownership import TidQid
 from cproxy.cluster.schema import ensure_cluster_schema
 from cproxy.cluster.settings import ClusterSettings
 from cproxy.engine.records import CommitBatch
-from cproxy.errors import QueueNotOwned, StoreError
+from cproxy.errors import QueueNotOwned, StoreError, TopicNotFound
 from cproxy.store._pg_base import Conn
 from cproxy.store._pg_sql import APPEND_CHANNEL
 from cproxy.store.postgres import PostgresStore
@@ -191,9 +191,23 @@ class ClusterNode:
                 if renewed.get(queue) != held.epoch:
                     self._lose(queue, "taken over by another proxy")
             await self._broker.refresh()
+            if self._listener is None or self._listener.is_closed():
+                await self._listen()  # the database restarted: notifications resume
+            await self._catch_up()
             if not self._leaving:
                 await self._rebalance()
             await self._hand_over_ready(force=False)
+
+    async def _catch_up(self) -> None:
+        """Tell the groups each owned queue's end as the store has it: a safety net for
+        notifications lost while the LISTEN connection was down (one query per topic)."""
+        for topic in sorted({h.topic for h in self.held.values()}):
+            try:
+                queues = await self._store.queue_stats(topic)
+            except TopicNotFound:
+                continue  # deleted meanwhile; its queues leave with the next rows
+            for stats in queues:
+                self._broker.note_end(topic, stats.qid, stats.next_offset)
 
     async def _rebalance(self) -> None:
         async with self._store.connection() as conn:
@@ -298,8 +312,9 @@ class ClusterNode:
 
     # -- notifications -------------------------------------------------------------------------
     async def _listen(self) -> None:
+        await self._unlisten()
         try:
-            self._listener = await asyncpg.connect(self._store.dsn)
+            self._listener = await asyncpg.connect(self._store.dsn, timeout=5)
             await self._listener.add_listener(APPEND_CHANNEL, self._on_append)
             await self._listener.add_listener(ownership.CHANNEL, self._on_cluster)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:

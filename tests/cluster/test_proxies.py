@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.cluster.proxies import ACK_TIMEOUT_MS, LEASE_MS, Proxy, Puller, Record
+from tests.store.pg_server import PgServer
 from tests.support import wait_until
 
 QUEUES = 4
@@ -154,11 +155,20 @@ class Flow(threading.Thread):
         self.producer, self.targets = producer, targets
         self.batches, self.every_s = batches, every_s
         self.error: BaseException | None = None
+        #: 503 answers (the database was down): nothing of those calls was stored.
+        self.unavailable = 0
 
     def run(self) -> None:
         try:
             for _ in range(self.batches):
-                self.producer.send(self.targets, 10, batch=10)
+                try:
+                    self.producer.send(self.targets, 10, batch=10)
+                except httpx.HTTPStatusError as exc:
+                    if exc.response.status_code != 503:
+                        raise
+                    self.unavailable += 1
+                except httpx.TransportError:
+                    self.unavailable += 1
                 time.sleep(self.every_s)
         except BaseException as exc:  # reported by the test
             self.error = exc
@@ -307,3 +317,38 @@ def test_a_proxy_paused_past_its_lease_is_fenced_and_its_late_results_are_unknow
         "p1 back in the cluster",
     )
     assert owned  # p1 owned queues before the pause
+
+
+def test_postgresql_restarted_under_load_loses_nothing_acknowledged(
+    proxies: ProxyFactory, pg_server: PgServer
+) -> None:
+    members = proxies("p0", "p1")
+    setup(members[0], members[0])
+    spread(members)
+    record, stop, producer = Record(), threading.Event(), Producer()
+    pullers = start_pullers(members, 4, record, stop, hold_s=0.02)
+    flow = Flow(producer, members, batches=120, every_s=0.05)
+    flow.start()
+    wait_until(lambda: len(record.acked) >= 50, 60, 0.05, "messages flowing")
+    pg_server.stop()
+    try:
+        wait_until(lambda: flow.unavailable > 0, 30, 0.05, "a produce refused while down")
+        down = httpx.post(
+            f"{members[1].url}/v1/topics/rides/messages", json={"messages": [{"body": 1}]}
+        )
+        assert down.status_code == 503, down.text
+        assert down.json()["error"]["code"] == "store_unavailable"
+    finally:
+        pg_server.start_again()
+    flow.join(180)
+    assert flow.error is None, flow.error
+    # Every message a produce call acknowledged (200) is delivered and acked.
+    wait_all_acked(record, producer, 90, members)
+    finish(pullers, stop)
+    assert record.order_violations() == []
+    # The proxies recovered by themselves: they take produce calls and own every queue.
+    producer.send(members, 10, batch=10)
+    wait_until(
+        lambda: sorted(q for p in members for q in p.owned()) == list(range(QUEUES)),
+        30, 0.05, "every queue owned again",
+    )  # fmt: skip
