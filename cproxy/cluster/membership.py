@@ -21,7 +21,9 @@ _HEARTBEAT = (
 )
 
 _LIVE = (
-    "SELECT node_id, advertise_url, heartbeat_at, lease_until FROM cluster_members"
+    "SELECT node_id, advertise_url, heartbeat_at, lease_until,"
+    " (extract(epoch FROM clock_timestamp() - heartbeat_at) * 1000)::bigint"
+    " FROM cluster_members"
     " WHERE lease_until > clock_timestamp() ORDER BY node_id"
 )
 
@@ -34,6 +36,8 @@ class Member:
     advertise_url: str
     heartbeat_at: datetime
     lease_until: datetime
+    #: How long ago (ms, database clock) the last heartbeat was.
+    heartbeat_ms_ago: int
 
 
 async def heartbeat(conn: Conn, node_id: str, advertise_url: str, lease_ms: int) -> datetime:

@@ -60,21 +60,11 @@ class Held:
 
 
 @dataclass(frozen=True, slots=True)
-class QueueView:
-    """A queue as ``GET /v1/cluster`` shows it."""
+class ClusterView:
+    """What ``GET /v1/cluster`` shows: live members and every queue with its owner."""
 
-    topic: str
-    qid: int
-    owner: str | None
-    epoch: int
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class MemberView:
-    node_id: str
-    advertise_url: str
-    queues: tuple[QueueView, ...]
+    members: list[membership.Member]
+    queues: list[ownership.OwnerRow]
 
 
 class ClusterNode:
@@ -336,20 +326,7 @@ class ClusterNode:
         self._wake.set()
 
     # -- the view ------------------------------------------------------------------------------
-    async def view(self) -> list[MemberView]:
-        """Live members with their queues (``GET /v1/cluster``), by node id."""
+    async def view(self) -> ClusterView:
+        """Live members (by node id) and every queue with its owner (by topic, qid)."""
         async with self._store.connection() as conn:
-            members = await membership.live_members(conn)
-            rows = await ownership.rows(conn)
-        return [
-            MemberView(
-                m.node_id,
-                m.advertise_url,
-                tuple(
-                    QueueView(r.topic, r.qid, r.owner, r.epoch, r.state)
-                    for r in rows
-                    if r.owner == m.node_id
-                ),
-            )
-            for m in members
-        ]
+            return ClusterView(await membership.live_members(conn), await ownership.rows(conn))

@@ -107,10 +107,7 @@ class Proxy:
 
     def owned(self) -> set[int]:
         """The qids this proxy owns, as it reports them."""
-        for member in self.cluster()["members"]:
-            if member["node_id"] == self.node_id:
-                return {q["qid"] for q in member["queues"]}
-        return set()
+        return {q["qid"] for q in self.cluster()["queues"] if q["owner"] == self.node_id}
 
 
 @dataclass

@@ -132,7 +132,17 @@ def test_three_proxies_eight_pullers_deliver_everything_in_key_order(
 ) -> None:
     members = proxies("p0", "p1", "p2")
     setup(members[0], members[1])
-    spread(members)
+    owned = spread(members)
+    view = members[2].cluster()
+    assert view["node"] == "p2"
+    assert [(m["node"], m["url"]) for m in view["members"]] == [(p.node_id, p.url) for p in members]
+    assert all(0 <= m["heartbeat_ms_ago"] < 10_000 for m in view["members"])
+    assert [(q["topic"], q["qid"], q["state"]) for q in view["queues"]] == [
+        ("rides", qid, "owned") for qid in range(QUEUES)
+    ]
+    assert {q["qid"]: q["owner"] for q in view["queues"]} == {
+        qid: node for node, qids in owned.items() for qid in qids
+    }
     record, stop, producer = Record(), threading.Event(), Producer()
     pullers = start_pullers(members, 8, record, stop)
     producer.send(members, 600)
