@@ -314,7 +314,8 @@ class Broker(QueueHosting):
         if wait_ms > limits.max_wait_ms:
             raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
         runner = self._runner(name)
-        if self.check_lease is not None and results:
+        if self.check_lease is not None:
+            # Cluster: neither take results nor hand out while ownership is unconfirmed.
             self.check_lease()
         if topics is not None:
             unknown = [t for t in topics if not runner.reads(t)]

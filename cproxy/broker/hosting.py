@@ -38,7 +38,8 @@ class QueueHosting:
     #: Cluster mode: the queues this proxy owns (runners serve only these); None: all.
     owned: set[QueueRef] | None
     #: Cluster mode: raises ``StoreError`` (503) while this proxy cannot be sure it still
-    #: owns its queues (its lease ran out locally, e.g. after a pause): results wait.
+    #: owns its queues (its lease ran out locally, e.g. after a pause): pulls, acks and
+    #: extends wait, so nothing is handed out or finished on a queue that moved.
     check_lease: Callable[[], None] | None
 
     _open_runner: Callable[[str, GroupConfig], Awaitable[GroupRunner]]
