@@ -23,7 +23,7 @@ from anyio.abc import TaskGroup
 
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
-from cproxy.engine.records import CommitBatch, Result
+from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
@@ -32,6 +32,7 @@ from cproxy.store.base import Store
 from .clock import now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .runner_queues import QueueHooks
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class PullResult:
     unknown: list[MessageRef]
 
 
-class GroupRunner:
+class GroupRunner(QueueHooks):
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
     def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
@@ -237,45 +238,6 @@ class GroupRunner:
             self._notify_ready()
         else:
             self._fetch_kick.set()
-
-    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
-        """Another proxy appended to a queue this group serves: read up to ``end_offset``."""
-        self._engine.note_end(topic, qid, end_offset)
-        self._fetch_kick.set()
-
-    # -- queues joining and leaving (cluster mode: cproxy.cluster.node) ------------------------
-    async def add_queue(self, topic: str, qid: int) -> None:
-        """Serve a queue this proxy now owns, from its persisted progress."""
-        if not self.reads(topic) or self._engine.serves(topic, qid):
-            return
-        stored = (await self._store.load_progress(self.name)).get((topic, qid))
-        stats = next(s for s in await self._store.queue_stats(topic) if s.qid == qid)
-        if stored is None:
-            start = stats.min_offset if self.config.start == "earliest" else stats.next_offset
-            stored = QueueProgress(start)
-            await self._store.commit(self.name, {(topic, qid): stored})
-        self._engine.add_queue(topic, qid, stored, stats.next_offset)
-        self._fetch_kick.set()
-
-    def pause_queue(self, topic: str, qid: int) -> None:
-        """Hand out nothing new from the queue; results for it still apply."""
-        self._engine.pause_queue(topic, qid)
-
-    def in_flight_on(self, topic: str, qid: int) -> int:
-        return self._engine.in_flight_on(topic, qid)
-
-    def take_commit(self) -> CommitBatch:
-        """Everything to persist now (the hand-over commits it in its own transaction)."""
-        return self._engine.take_commit()
-
-    def requeue(self, batch: CommitBatch) -> None:
-        """A batch from ``take_commit`` was not written: keep it for the next commit."""
-        self._engine.requeue(batch)
-
-    def drop_queue(self, topic: str, qid: int) -> None:
-        """Forget the queue (handed over or lost): results for it answer unknown."""
-        self._engine.drop_queue(topic, qid)
-        self._notify_ready()
 
     # -- views ---------------------------------------------------------------------------------
     @property
