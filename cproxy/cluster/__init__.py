@@ -9,4 +9,7 @@ One module per concept:
 - ``ownership``: queue ownership rows and their transitions (claim, renew, release, hand over),
   each one transaction.
 - ``fencing``: the owner/epoch check that the PostgreSQL store runs inside every commit.
+- ``node``: ``ClusterNode``, one proxy's loop over all of the above, driving the broker's
+  queue hooks (``cproxy.broker.hosting``). Started by ``cproxy.api.app`` when
+  ``Settings.store_url`` is set; documented for operators in docs/scaling.md.
 """
