@@ -54,6 +54,10 @@ class QueueHooks:
     def in_flight_on(self, topic: str, qid: int) -> int:
         return self._engine.in_flight_on(topic, qid)
 
+    def queue_progress(self, topic: str, qid: int) -> QueueProgress | None:
+        """The queue's progress as it would be persisted now; None when not served."""
+        return self._engine.queue_progress(topic, qid)
+
     def take_commit(self) -> CommitBatch:
         """Everything to persist now (the hand-over commits it in its own transaction)."""
         return self._engine.take_commit()

@@ -254,9 +254,16 @@ class ClusterNode:
             await self._hand_over(queue, held, busy)
 
     async def _hand_over(self, queue: TidQid, held: Held, busy: int) -> None:
-        batches: list[tuple[Any, CommitBatch]] = [
-            (runner, runner.take_commit()) for runner in self._broker.groups.values()
-        ]
+        batches: list[tuple[Any, CommitBatch]] = []
+        for runner in list(self._broker.groups.values()):
+            batch = runner.take_commit()
+            # Always the queue's final progress, even when unchanged since the runner's last
+            # take: that commit may still be in flight, and it will be fenced once we free
+            # the queue.
+            final = runner.queue_progress(held.topic, held.qid)
+            if final is not None:
+                batch.progress[(held.topic, held.qid)] = final
+            batches.append((runner, batch))
 
         async def write_final(conn: Conn) -> None:
             for runner, batch in batches:

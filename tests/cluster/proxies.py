@@ -28,7 +28,9 @@ from tests.support import wait_until
 # Short, but not so short that a loaded 2-core machine makes members flap.
 HEARTBEAT_MS = 200
 LEASE_MS = 2000
-ACK_TIMEOUT_MS = 1500
+# Long enough that a consumer holding a message 300 ms on a loaded machine still acks in time
+# (a timeout would be a legitimate redelivery, but the planned test asserts none).
+ACK_TIMEOUT_MS = 4000
 
 CLUSTER_TOML = f"""\
 [server]
