@@ -70,6 +70,7 @@ class Broker(QueueHosting):
         self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
         self.owned = None
+        self.releasing = set()
         self.check_lease = None
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -127,7 +128,7 @@ class Broker(QueueHosting):
 
     async def _open_runner(self, name: str, config: GroupConfig) -> GroupRunner:
         assert self._task_group is not None, "broker not started"
-        return await GroupRunner.open(
+        runner = await GroupRunner.open(
             self.store,
             name,
             config,
@@ -136,6 +137,9 @@ class Broker(QueueHosting):
             self._ack_latency_for(name) if self._ack_latency_for else None,
             None if self.owned is None else set(self.owned),
         )
+        if self.owned is not None:
+            await self.reconcile(runner)  # ownership may have moved while it opened
+        return runner
 
     async def ready(self) -> bool:
         """The broker takes work and writes succeed (``/readyz``; see ``health.py``)."""

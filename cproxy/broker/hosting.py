@@ -37,6 +37,8 @@ class QueueHosting:
     _group_lock: Lock
     #: Cluster mode: the queues this proxy owns (runners serve only these); None: all.
     owned: set[QueueRef] | None
+    #: Cluster mode: owned queues being released (drained before the hand-over).
+    releasing: set[QueueRef]
     #: Cluster mode: raises ``StoreError`` (503) while this proxy cannot be sure it still
     #: owns its queues (its lease ran out locally, e.g. after a pause): pulls, acks and
     #: extends wait, so nothing is handed out or finished on a queue that moved.
@@ -54,8 +56,24 @@ class QueueHosting:
         for runner in self._readers(topic):
             await runner.add_queue(topic, qid)
 
+    async def reconcile(self, runner: GroupRunner) -> None:
+        """Make a just-opened runner serve exactly the owned queues of its topics: a queue
+        claimed or dropped while it was opening is added or dropped now."""
+        owned = self.owned
+        if owned is None:
+            return
+        for topic, qid in sorted(owned):
+            await runner.add_queue(topic, qid)  # a no-op for queues it serves already
+            if (topic, qid) in self.releasing:
+                runner.pause_queue(topic, qid)
+        for topic in runner.config.topics:
+            for stats in await self.store.queue_stats(topic):
+                if (topic, stats.qid) not in owned:
+                    runner.drop_queue(topic, stats.qid)
+
     def pause_queue(self, topic: str, qid: int) -> None:
         """The queue is being released: hand out nothing new from it, take results."""
+        self.releasing.add((topic, qid))
         for runner in self._readers(topic):
             runner.pause_queue(topic, qid)
 
@@ -67,6 +85,7 @@ class QueueHosting:
         """Stop serving the queue in every group (handed over, or lost)."""
         if self.owned is not None:
             self.owned.discard((topic, qid))
+        self.releasing.discard((topic, qid))
         for runner in self._readers(topic):
             runner.drop_queue(topic, qid)
 
