@@ -208,6 +208,8 @@ class Broker(QueueHosting):
         A message without a ``qid`` gets one here, in place: by key, else round robin.
         """
         self._check_open()
+        if self.owned is not None:
+            await self.know_topic(topic)
         self._topics.place(topic, messages)
         try:
             results = await self.store.append(
@@ -259,6 +261,8 @@ class Broker(QueueHosting):
         """
         self._check_open()
         for topic in config.topics:
+            if self.owned is not None:
+                await self.know_topic(topic)
             self.topic(topic)
         async with self._group_lock:
             old = self.groups.get(name)
@@ -317,6 +321,8 @@ class Broker(QueueHosting):
             raise InvalidRequest(f"max_per_key must be at most {limits.max_pull_messages}")
         if wait_ms > limits.max_wait_ms:
             raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
+        if self.owned is not None and name not in self.groups:
+            await self.refresh()  # created through another proxy moments ago?
         runner = self._runner(name)
         if self.check_lease is not None:
             # Cluster: neither take results nor hand out while ownership is unconfirmed.

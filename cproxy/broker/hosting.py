@@ -96,6 +96,12 @@ class QueueHosting:
         for runner in self._readers(topic):
             runner.note_end(topic, qid, end_offset)
 
+    async def know_topic(self, name: str) -> None:
+        """A topic this proxy has not seen may have been created through another one
+        moments ago: read the topics again before calling it unknown."""
+        if name not in self._topics.names():
+            await self._topics.load()
+
     async def refresh(self) -> None:
         """Catch up with topics and groups that other proxies created, changed or deleted."""
         await self._topics.load()
