@@ -232,9 +232,7 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
         t0 = time.monotonic()
         for start in range(0, pullers, CONNECT_CHUNK):
             for _ in range(min(CONNECT_CHUNK, pullers - start)):
-                tasks.append(
-                    asyncio.create_task(puller(host, port, group, args.wait_ms, tally))
-                )
+                tasks.append(asyncio.create_task(puller(host, port, group, args.wait_ms, tally)))
             await tally.until(lambda: tally.started >= len(tasks), 30)
         if tally.started < pullers:
             raise RuntimeError(f"only {tally.started} of {pullers} pullers started")
@@ -322,14 +320,32 @@ def cell_table(results: dict[str, list[dict[str, Any]]], names: list[str]) -> st
             ("p50 ms", lambda n: m(n, "p50_ms", ".1f")),
             ("p99 ms", lambda n: m(n, "p99_ms", ".1f")),
             ("max ms", lambda n: m(n, "max_ms", ".0f")),
-            ("store→deliver p50/p99/max ms", lambda n: " / ".join(m(n, k, f) for k, f in (("store_p50_ms", ".1f"), ("store_p99_ms", ".1f"), ("store_max_ms", ".0f")))),  # noqa: E501
-            ("produce call p50/p99 ms", lambda n: m(n, "produce_p50_ms", ".1f") + " / " + m(n, "produce_p99_ms", ".1f")),  # noqa: E501
+            (
+                "store→deliver p50/p99/max ms",
+                lambda n: " / ".join(
+                    m(n, k, f)
+                    for k, f in (
+                        ("store_p50_ms", ".1f"),
+                        ("store_p99_ms", ".1f"),
+                        ("store_max_ms", ".0f"),
+                    )
+                ),
+            ),
+            (
+                "produce call p50/p99 ms",
+                lambda n: m(n, "produce_p50_ms", ".1f") + " / " + m(n, "produce_p99_ms", ".1f"),
+            ),
             ("server CPU idle", lambda n: m(n, "idle_cpu_pct", ".1f") + "%"),
             ("idle pulls/s", lambda n: m(n, "idle_requests_per_s", ".0f")),
             ("server CPU trickle", lambda n: m(n, "trickle_cpu_pct", ".0f") + "%"),
             ("RSS MiB", lambda n: m(n, "rss_mib", ".0f")),
             ("RSS growth MiB", lambda n: m(n, "rss_growth_mib", ".0f")),
-            ("client CPU trickle", lambda n: f"{100 * median([r['trickle_client_core_share'] for r in results[n]]):.0f}%"),  # noqa: E501
+            (
+                "client CPU trickle",
+                lambda n: (
+                    f"{100 * median([r['trickle_client_core_share'] for r in results[n]]):.0f}%"
+                ),
+            ),
         ],
         names,
     )

@@ -59,6 +59,7 @@ async def measure(pullers: int, rate: float, seconds: float, wait_ms: int) -> di
     async def until(done: Any) -> None:
         while not done():
             await changed[0].wait()
+
     async with anyio.create_task_group() as tg:
         await broker.start(tg)
         await broker.create_topic("t", 8)
@@ -220,6 +221,7 @@ def main() -> None:
         ratios = "; B/A send→deliver p99 " + ", ".join(parts)
     command = " ".join(["python -m benchmarks.longpoll_broker", *sys.argv[1:]])
     print(f"\n(`{command}`: load {os.getloadavg()[0]:.1f}{ratios})")
+
 
 if __name__ == "__main__":
     main()

@@ -68,6 +68,7 @@ _JSON: Final = {"content-type": "application/json", "accept": "application/json"
 #: Never wait longer than this on one ``Retry-After``, whatever the server asks.
 MAX_RETRY_AFTER_MS: Final = 30_000
 
+
 @dataclass(frozen=True, slots=True)
 class Call(Generic[T]):
     """One HTTP call, before it is sent, with the parser of its answer.

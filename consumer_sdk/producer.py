@@ -8,15 +8,18 @@ program that produces), and ``producer.client`` gives the full API when a progra
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from consumer_sdk._base import AsyncClosing, Closing
+from consumer_sdk._consumer_base import server_list
 from consumer_sdk._tls import Verify
 from consumer_sdk.client import DEFAULT_TIMEOUT_MS, AsyncClient, Client
 from consumer_sdk.config import RetryPolicy
+from consumer_sdk.errors import ConnectError, ServiceUnavailable
 from consumer_sdk.models import OutgoingMessage, SendResult, TopicInfo
 
 
@@ -41,9 +44,11 @@ def _one(
 
 
 class Producer(Closing):
-    """Sends messages to one server. Thread-safe; close it (or use ``with``) when done.
+    """Sends messages to one server, or to any of several. Thread-safe; close it (or use
+    ``with``) when done.
 
-    Arguments are those of :class:`~consumer_sdk.Client`: ``url``, and keyword-only ``token``,
+    Arguments are those of :class:`~consumer_sdk.Client`: ``url`` (or a list of proxies of one
+    cluster, see docs/scaling.md), and keyword-only ``token``,
     ``timeout_ms`` (10000, per HTTP call), ``retry`` (a :class:`RetryPolicy`, default 5 tries),
     ``transport`` (replaces the HTTPX transport, e.g. in tests) and ``verify`` (how an https://
     server's certificate is checked: True, a CA bundle path, an ``ssl.SSLContext``).
@@ -57,11 +62,16 @@ class Producer(Closing):
 
     Queue choice: an explicit ``qid``; else a stable hash of ``key`` (Kafka's murmur2); else
     round robin. Messages with one key keep their order.
+
+    Several URLs: calls go to one proxy until it cannot be reached (connection refused after
+    its retries) or answers 503; the call is then sent to the next proxy (nothing was stored by
+    the first), which serves the following calls too. Only when every proxy failed is the
+    error raised.
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         timeout_ms: int = DEFAULT_TIMEOUT_MS,
@@ -69,23 +79,45 @@ class Producer(Closing):
         transport: httpx.BaseTransport | None = None,
         verify: Verify = True,
     ) -> None:
-        #: The client the producer sends through; use it for the rest of the API.
-        self.client = Client(
-            url,
-            token=token,
-            timeout_ms=timeout_ms,
-            retry=retry,
-            transport=transport,
-            verify=verify,
-        )
+        self._clients = [
+            Client(u, token=token, timeout_ms=timeout_ms, retry=retry, transport=transport,
+                   verify=verify)
+            for u in server_list(url)
+        ]  # fmt: skip
+        self._current = 0
+        self._lock = threading.Lock()
+
+    @property
+    def client(self) -> Client:
+        """The client the producer sends through now; use it for the rest of the API."""
+        return self._clients[self._current]
 
     @property
     def url(self) -> str:
-        """The server's base URL (without a trailing slash)."""
+        """The base URL of the server in use (without a trailing slash)."""
         return self.client.url
 
     def __repr__(self) -> str:
         return f"Producer({self.url!r})"
+
+    def _produce(self, topic: str, messages: list[OutgoingMessage]) -> list[SendResult]:
+        """Produce through the current proxy; on to the next when it is down (nothing was
+        stored: a refused connection or a 503)."""
+        start = self._current
+        count = len(self._clients)
+        for i in range(count):
+            index = (start + i) % count
+            try:
+                results = self._clients[index].produce(topic, messages)
+            except (ConnectError, ServiceUnavailable):
+                if i == count - 1:
+                    raise
+                continue
+            if index != start:
+                with self._lock:
+                    self._current = index
+            return results
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def create_topic(self, name: str, queues: int) -> TopicInfo:
         """Create the topic to produce to; a no-op when it exists with ``queues`` queues
@@ -112,7 +144,7 @@ class Producer(Closing):
         delays over its ``limits.max_delay_ms`` (7 days by default) with a 422.
         """
         message = _one(body, key, headers, id, qid, delay_ms, deliver_at_ms)
-        return self.client.produce(topic, [message])[0]
+        return self._produce(topic, [message])[0]
 
     def send_batch(self, topic: str, messages: Iterable[OutgoingMessage]) -> list[SendResult]:
         """Send messages atomically (all stored or none); results are in input order.
@@ -121,11 +153,12 @@ class Producer(Closing):
         ``qid``, ``delay_ms`` or ``deliver_at_ms``. The server limits a call (by default 1000
         messages and 8 MiB): split larger batches yourself, since splitting gives up atomicity.
         """
-        return self.client.produce(topic, messages)
+        return self._produce(topic, list(messages))
 
     def close(self) -> None:
-        """Close the connection pool; idempotent."""
-        self.client.close()
+        """Close the connection pools; idempotent."""
+        for client in self._clients:
+            client.close()
 
 
 class AsyncProducer(AsyncClosing):

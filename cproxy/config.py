@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import socket
 import ssl
 import tomllib
 from collections.abc import Mapping
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from cproxy.cluster.settings import ClusterSettings
 from cproxy.engine.group_config import GroupConfig
 from cproxy.errors import ConfigError, InvalidRequest
 
@@ -163,13 +165,40 @@ class Settings:
     topic_retention: Mapping[str, tuple[int | None, int | None]] = field(default_factory=dict)
     #: Groups declared in the config file: name -> validated config.
     groups: Mapping[str, GroupConfig] = field(default_factory=dict)
+    #: ``postgresql://...`` to run on PostgreSQL in a cluster (``--store``, ``[store] url``);
+    #: None: SQLite in ``data_dir``.
+    store_url: str | None = None
+    #: Cluster mode: this proxy's name (default ``<hostname>-<port>``) and the URL clients
+    #: reach it at (default ``http://<host>:<port>``); see ``cproxy.cluster.settings``.
+    node_id: str | None = None
+    advertise_url: str | None = None
+    heartbeat_interval_ms: int = 1000
+    lease_ms: int = 5000
+    #: None: the longest ack timeout of the groups.
+    handover_timeout_ms: int | None = None
 
     def __post_init__(self) -> None:
+        if self.store_url is not None:
+            if not self.store_url.startswith(("postgresql://", "postgres://")):
+                raise ConfigError(f"the store URL must be postgresql://..., got {self.store_url!r}")
+            self.cluster_settings()  # validate eagerly
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError(
                 "tls_cert and tls_key go together (--tls-cert/--tls-key or [server] "
                 "tls_cert/tls_key): give both or neither"
             )
+
+    def cluster_settings(self) -> ClusterSettings:
+        """This proxy's cluster settings (meaningful with ``store_url``); raises
+        ``ConfigError`` when they are invalid."""
+        scheme = "https" if self.tls_cert is not None else "http"
+        return ClusterSettings(
+            node_id=self.node_id or f"{socket.gethostname()}-{self.port}",
+            advertise_url=self.advertise_url or f"{scheme}://{self.host}:{self.port}",
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            lease_ms=self.lease_ms,
+            handover_timeout_ms=self.handover_timeout_ms,
+        )
 
     @property
     def auth_enabled(self) -> bool:
@@ -292,9 +321,31 @@ def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _store_and_cluster(store: Mapping[str, Any], cluster: Mapping[str, Any]) -> dict[str, Any]:
+    """``[store] url`` and ``[cluster]`` (node_id, advertise_url, heartbeat_interval_ms,
+    lease_ms, handover_timeout_ms); checked as a whole by ``Settings``."""
+    out: dict[str, Any] = {}
+    for key, value in store.items():
+        if key != "url":
+            raise ConfigError(f"unknown setting store.{key}")
+        if not isinstance(value, str):
+            raise ConfigError("store.url must be a string")
+        out["store_url"] = value
+    for key, value in cluster.items():
+        if key in ("node_id", "advertise_url"):
+            if not isinstance(value, str):
+                raise ConfigError(f"cluster.{key} must be a string")
+            out[key] = value
+        elif key in ("heartbeat_interval_ms", "lease_ms", "handover_timeout_ms"):
+            out[key] = _check_int(f"cluster.{key}", value, 0, 86_400_000)
+        else:
+            raise ConfigError(f"unknown setting cluster.{key}")
+    return out
+
+
 def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
     """Validate a parsed TOML document."""
-    unknown = set(raw) - {"server", "limits", "tokens", "topics", "groups"}
+    unknown = set(raw) - {"server", "limits", "tokens", "topics", "groups", "store", "cluster"}
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     topics: dict[str, int] = {}
@@ -330,6 +381,7 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
             raise ConfigError(f"groups.{name}: {exc.message}") from exc
     return Settings(
         **_server(dict(raw.get("server", {}))),
+        **_store_and_cluster(dict(raw.get("store", {})), dict(raw.get("cluster", {}))),
         limits=_limits(dict(raw.get("limits", {}))),
         tokens=_tokens(raw.get("tokens", [])),
         topics=topics,

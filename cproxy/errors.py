@@ -118,3 +118,15 @@ class NotBlocked(Conflict):
     """The head named by an operator action is not in a state the action applies to."""
 
     code = "not_blocked"
+
+
+class QueueNotOwned(Conflict):
+    """A commit named queues this proxy no longer owns at the epoch it holds (cluster mode):
+    another proxy took them over. Nothing of the commit was written; ``refs`` lists the
+    (topic, qid) queues that were lost."""
+
+    code = "queue_not_owned"
+
+    def __init__(self, message: str, refs: list[tuple[str, int]]) -> None:
+        super().__init__(message)
+        self.refs = refs

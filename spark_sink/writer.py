@@ -27,9 +27,7 @@ def require_pyspark() -> None:
     try:
         import pyspark  # noqa: F401 (optional dependency)
     except ImportError as exc:
-        raise ImportError(
-            "spark_sink needs PySpark: pip install 'cproxy-ordered[spark]'"
-        ) from exc
+        raise ImportError("spark_sink needs PySpark: pip install 'cproxy-ordered[spark]'") from exc
 
 
 def prepare(

@@ -16,7 +16,7 @@ from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
-from . import errors, groups, health, lean, openapi, topics, ui
+from . import cluster, errors, groups, health, lean, openapi, topics, ui
 from .auth import Authorizer
 from .limits import BodyLimit
 
@@ -41,7 +41,12 @@ class CproxyApp(FastAPI):
 
 
 def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
-    """Build the app; the store defaults to SQLite under ``settings.data_dir``."""
+    """Build the app; the store defaults to SQLite under ``settings.data_dir``, or PostgreSQL
+    in a cluster when ``settings.store_url`` is set."""
+    if store is None and settings.store_url is not None:
+        from cproxy.store.postgres import PostgresStore
+
+        store = PostgresStore(settings.store_url)
     if store is None:
         from cproxy.store.sqlite import SqliteStore
 
@@ -55,14 +60,25 @@ def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
         on_pull=metrics.observe_pull,
     )
     metrics.attach(broker)
+    node = None
+    if settings.store_url is not None:
+        from cproxy.cluster.node import ClusterNode
+        from cproxy.store.postgres import PostgresStore
+
+        assert isinstance(store, PostgresStore)
+        node = ClusterNode(settings.cluster_settings(), store, broker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with anyio.create_task_group() as task_group:
             await broker.start(task_group)
+            if node is not None:
+                await node.start(task_group)
             try:
                 yield
             finally:
+                if node is not None:
+                    await node.leave()  # hands owned queues over (a no-op after a SIGTERM's)
                 await broker.stop()
                 task_group.cancel_scope.cancel()
 
@@ -77,12 +93,14 @@ def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
     app.state.settings = settings
     app.state.broker = broker
     app.state.metrics = metrics
+    app.state.cluster = node
     app.state.authorizer = Authorizer(settings)
     errors.install(app)
     # First in the router: other methods on these paths get their 405 without a search.
     app.router.routes[:0] = lean.ROUTES
     app.include_router(topics.router)
     app.include_router(groups.router)
+    app.include_router(cluster.router)
     app.include_router(health.router)
     app.include_router(ui.router)
     openapi.install(app)

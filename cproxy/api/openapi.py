@@ -54,6 +54,7 @@ ROUTES: dict[tuple[str, str], tuple[dict[int, type[BaseModel]], tuple[int, ...]]
     ("get", "/v1/groups/{group}/blocked-keys"): ({200: m.BlockedKeyList}, (404,)),
     ("post", "/v1/groups/{group}/blocked-keys/skip"): ({200: m.Skipped}, (404, 409)),
     ("post", "/v1/groups/{group}/blocked-keys/release"): ({200: m.Released}, (404, 409)),
+    ("get", "/v1/cluster"): ({200: m.ClusterOut}, (404,)),
     ("get", "/healthz"): ({200: m.Status}, ()),
     ("get", "/readyz"): ({200: m.Status, 503: m.Status}, ()),
 }

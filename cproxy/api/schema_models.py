@@ -236,3 +236,28 @@ class Released(_Out):
 
 class Status(_Out):
     status: str
+
+
+class ClusterMember(_Out):
+    node: str
+    #: Where clients reach it (``--advertise-url``).
+    url: str
+    #: How long ago its last heartbeat was (ms, database clock).
+    heartbeat_ms_ago: int
+
+
+class QueueOwner(_Out):
+    topic: str
+    qid: int
+    #: The owning proxy; null while the queue is between owners.
+    owner: str | None
+    #: "owned", or "releasing" while the owner drains it before handing it over.
+    state: str
+    #: Grows by one each time the queue changes owner; commits are fenced with it.
+    epoch: int
+
+
+class ClusterOut(_Out):
+    node: str
+    members: list[ClusterMember]
+    queues: list[QueueOwner]

@@ -36,6 +36,7 @@ from cproxy.store.base import Store
 from .clock import every, now_ms
 from .delays import check_delays
 from .health import WriteHealth
+from .hosting import QueueHosting
 from .runner import GroupRunner, PullResult
 from .topics import Retention, SeekTarget, Topics, retention_of
 from .views import GroupSummary, GroupView
@@ -43,7 +44,7 @@ from .views import GroupSummary, GroupView
 logger = logging.getLogger(__name__)
 
 
-class Broker:
+class Broker(QueueHosting):
     """Start with ``start(task_group)``; stop with ``stop()``."""
 
     def __init__(
@@ -68,6 +69,9 @@ class Broker:
         self.accepting = False
         self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
+        self.owned = None
+        self.releasing = set()
+        self.check_lease = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -124,14 +128,18 @@ class Broker:
 
     async def _open_runner(self, name: str, config: GroupConfig) -> GroupRunner:
         assert self._task_group is not None, "broker not started"
-        return await GroupRunner.open(
+        runner = await GroupRunner.open(
             self.store,
             name,
             config,
             self._task_group,
             self.settings.commit_interval_ms,
             self._ack_latency_for(name) if self._ack_latency_for else None,
+            None if self.owned is None else set(self.owned),
         )
+        if self.owned is not None:
+            await self.reconcile(runner)  # ownership may have moved while it opened
+        return runner
 
     async def ready(self) -> bool:
         """The broker takes work and writes succeed (``/readyz``; see ``health.py``)."""
@@ -207,6 +215,8 @@ class Broker:
         A message due more than ``limits.max_delay_ms`` from now is refused (InvalidRequest).
         """
         self._check_open()
+        if self.owned is not None:
+            await self.know_topic(topic)
         now = now_ms()
         check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
         self._topics.place(topic, messages)
@@ -257,6 +267,8 @@ class Broker:
         """
         self._check_open()
         for topic in config.topics:
+            if self.owned is not None:
+                await self.know_topic(topic)
             self.topic(topic)
         async with self._group_lock:
             old = self.groups.get(name)
@@ -318,7 +330,12 @@ class Broker:
             raise InvalidRequest(f"max_per_key must be at most {limits.max_pull_messages}")
         if wait_ms > limits.max_wait_ms:
             raise InvalidRequest(f"wait_ms must be at most {limits.max_wait_ms}")
+        if self.owned is not None and name not in self.groups:
+            await self.refresh()  # created through another proxy moments ago?
         runner = self._runner(name)
+        if self.check_lease is not None:
+            # Cluster: neither take results nor hand out while ownership is unconfirmed.
+            self.check_lease()
         if topics is not None:
             unknown = [t for t in topics if not runner.reads(t)]
             if unknown:
@@ -331,7 +348,10 @@ class Broker:
 
     def ack(self, name: str, results: Sequence[Result]) -> Outcome:
         """Apply acks and fails without pulling."""
-        return self._runner(name).apply(results)
+        runner = self._runner(name)
+        if self.check_lease is not None:
+            self.check_lease()
+        return runner.apply(results)
 
     def extend(
         self,
@@ -344,7 +364,10 @@ class Broker:
 
         ``attempts`` fences the extends (ref -> attempt), as for results.
         """
-        return self._runner(name).extend(refs, ack_timeout_ms, attempts)
+        runner = self._runner(name)
+        if self.check_lease is not None:
+            self.check_lease()
+        return runner.extend(refs, ack_timeout_ms, attempts)
 
     # -- operator actions ----------------------------------------------------------------------
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:

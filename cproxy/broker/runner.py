@@ -26,13 +26,14 @@ from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
-from cproxy.errors import StoreError
+from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class PullResult:
     unknown: list[MessageRef]
 
 
-class GroupRunner:
+class GroupRunner(QueueHooks):
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
     def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
@@ -76,8 +77,12 @@ class GroupRunner:
         task_group: TaskGroup,
         commit_interval_ms: int,
         on_ack_latency_s: Callable[[float], None] | None = None,
+        queues: Collection[QueueRef] | None = None,
     ) -> GroupRunner:
-        """Load progress (choosing start offsets for new queues) and start the tasks."""
+        """Load progress (choosing start offsets for new queues) and start the tasks.
+
+        ``queues`` (cluster mode) limits the group to the queues this proxy owns; None: all.
+        """
         stored = await store.load_progress(name)
         progress: dict[QueueRef, QueueProgress] = {}
         ends: dict[QueueRef, int] = {}
@@ -85,6 +90,8 @@ class GroupRunner:
         for topic in config.topics:
             for stats in await store.queue_stats(topic):
                 ref = (topic, stats.qid)
+                if queues is not None and ref not in queues:
+                    continue
                 ends[ref] = stats.next_offset
                 if ref in stored:
                     progress[ref] = stored[ref]
@@ -210,6 +217,19 @@ class GroupRunner:
             await self._store.commit(
                 self.name, batch.progress, batch.dead_letters, batch.redrive_done
             )
+        except QueueNotOwned as exc:
+            # Cluster mode: another proxy took these queues over. Their state here is lost
+            # (late results answer unknown); the rest of the batch goes with the next commit.
+            lost = set(exc.refs)
+            logger.warning("group=%s lost queues %s: their state is dropped", self.name, exc.refs)
+            for topic, qid in lost:
+                self._engine.drop_queue(topic, qid)
+            batch.dead_letters = [
+                d for d in batch.dead_letters if (d.message.topic, d.message.qid) not in lost
+            ]
+            self._engine.requeue(batch)
+            self._commit_kick.set()
+            return
         except StoreError as exc:
             logger.warning("group=%s commit failed, will retry: %s", self.name, exc)
             self._engine.requeue(batch)

@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> None:
                 log_format=args.log_format,
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
+                store_url=args.store,
+                node_id=args.node_id,
+                advertise_url=args.advertise_url,
             )
         except CproxyError as exc:
             raise SystemExit(f"cproxy: error: {exc.message}") from exc

@@ -98,6 +98,16 @@ def _serve(sub: Commands) -> None:
         "--log-level", choices=["debug", "info", "warning", "error"], help="(default: info)"
     )
     s.add_argument("--log-format", choices=["text", "json"], help="(default: text)")
+    s.add_argument(
+        "--store",
+        metavar="URL",
+        help="postgresql://user@host:5432/db: run on PostgreSQL, one cluster with every proxy "
+        "on that database (default: SQLite in --data-dir)",
+    )
+    s.add_argument("--node-id", help="cluster: this proxy's name (default: <hostname>-<port>)")
+    s.add_argument(
+        "--advertise-url", help="cluster: the URL clients reach this proxy at (default: bound)"
+    )
 
 
 def _token(sub: Commands) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ipaddress
 import logging
@@ -44,19 +45,20 @@ def serve(settings: Settings) -> None:
             )
     # Fail fast, with one line, on what would otherwise surface only after start-up (a
     # traceback from the app's lifespan, or a bind error after the store was opened).
-    try:
-        from cproxy.store.sqlite import check_data_dir
+    if settings.store_url is None:
+        try:
+            from cproxy.store.sqlite import check_data_dir
 
-        check_data_dir(settings.data_dir)
-    except CproxyError as exc:
-        raise SystemExit(f"cproxy: error: {exc.message}") from None
+            check_data_dir(settings.data_dir)
+        except CproxyError as exc:
+            raise SystemExit(f"cproxy: error: {exc.message}") from None
     listener = _listen(settings.host, settings.port)
     logger.info(
         "serving on %s://%s:%d with data in %s",
         "https" if settings.tls_enabled else "http",
         settings.host,
         settings.port,
-        settings.data_dir.resolve(),
+        settings.data_dir.resolve() if settings.store_url is None else "PostgreSQL",
     )
     app = create_app(settings)
     config = uvicorn.Config(
@@ -77,7 +79,23 @@ def serve(settings: Settings) -> None:
     broker = app.state.broker
     original = server.handle_exit
 
+    node = app.state.cluster
+    leaving: list[asyncio.Task[None]] = []
+
     def handle_exit(sig: int, frame: Any) -> None:
+        if node is not None and not leaving:
+            # Cluster: hand the owned queues over while still serving HTTP, so consumers can
+            # answer what they hold (nothing is delivered twice); then shut down as usual.
+            async def leave_then_exit() -> None:
+                try:
+                    await node.leave()
+                finally:
+                    broker.begin_shutdown()
+                    original(sig, frame)
+
+            loop = asyncio.get_running_loop()
+            leaving.append(loop.create_task(leave_then_exit()))
+            return
         # Stop taking pulls now, so long polls do not hold up the shutdown.
         broker.begin_shutdown()
         original(sig, frame)

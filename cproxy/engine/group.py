@@ -25,6 +25,7 @@ from cproxy.engine.expressions import Screen
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.operations import Operations
 from cproxy.engine.progress import snapshot
+from cproxy.engine.queue_set import QueueSet
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Chain, Sequencer
@@ -35,7 +36,7 @@ from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRe
 _IN_FLIGHT = State.IN_FLIGHT
 
 
-class GroupEngine(Operations):
+class GroupEngine(Operations, QueueSet):
     """The delivery state of one consumer group over its subscribed queues."""
 
     def __init__(
@@ -85,6 +86,8 @@ class GroupEngine(Operations):
         self._on_ack_latency_s = on_ack_latency_s
         #: What was last handed out for persisting, per queue: commits send only changes.
         self._persisted: dict[QueueRef, QueueProgress] = {}
+        #: Cluster mode: queues being released (see ``queue_set``); empty otherwise.
+        self._paused: dict[QueueRef, list[Entry]] = {}
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
@@ -151,6 +154,8 @@ class GroupEngine(Operations):
         for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
             before = len(out)
             while len(out) < max_messages and (entry := self._seq.pop_ready(topic)) is not None:
+                if self._paused and self.set_aside(entry):
+                    continue
                 run = len(out)
                 self._send(entry, deadline, now_ms, out, run)
                 chain = entry.chain

@@ -108,6 +108,19 @@ class Reader:
     def cursors(self) -> Iterator[QueueCursor]:
         return iter(self._cursors.values())
 
+    def add_queue(self, ref: QueueRef, progress: QueueProgress, end_offset: int) -> None:
+        """Start reading a queue from its persisted progress (cluster: it became owned)."""
+        cur = QueueCursor(ref[0], ref[1], progress, end_offset, max(1, self._max_buffered // 4))
+        self._cursors[ref] = cur
+        if _has_work(cur):
+            self._unread[ref] = cur
+
+    def remove_queue(self, ref: QueueRef) -> None:
+        """Stop reading a queue (its held entries were dropped first); reads of it that are
+        still under way find no cursor and are ignored."""
+        self._cursors.pop(ref, None)
+        self._unread.pop(ref, None)
+
     # -- new messages --------------------------------------------------------------------------
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """The store's next offset for a queue grew (a produce landed)."""

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import TypeAlias
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, TypeAlias
 
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
@@ -20,6 +20,9 @@ from cproxy.errors import ConfigError, StoreError, TopicNotFound
 from cproxy.store._common import topic_not_found
 from cproxy.store._pg_schema import FOREIGN_ERRORS, as_store_error, ensure_schema
 from cproxy.store._retention import ByteCounter
+
+if TYPE_CHECKING:
+    from cproxy.cluster.fencing import Fence
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,17 @@ class PgBase:
         self._bytes = ByteCounter()
         self._max_window_ms = 0
         self._since_prune = 0
+        #: Cluster mode: the owner/epoch check every ``commit`` runs in its transaction
+        #: (``cproxy.cluster.fencing``). None (a single proxy): no check, no cost.
+        self.fence: Fence | None = None
+        #: Cluster mode: every append notifies ``_pg_sql.APPEND_CHANNEL`` so that the owners
+        #: of the queues, on other proxies, read the new messages at once.
+        self.notify_appends = False
+
+    @property
+    def dsn(self) -> str:
+        """The database's libpq URI (the cluster opens its LISTEN connection with it)."""
+        return self._dsn
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -108,6 +122,10 @@ class PgBase:
         except StoreError:
             return False
         return True
+
+    def connection(self) -> AbstractAsyncContextManager[Conn]:
+        """A pooled connection for the cluster's own statements (same error translation)."""
+        return self._conn()
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:

@@ -11,7 +11,7 @@ from typing import Any
 import asyncpg
 
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
-from cproxy.store._pg_base import PgBase
+from cproxy.store._pg_base import Conn, PgBase
 from cproxy.store._pg_log import columns
 from cproxy.store._pg_sql import (
     DEAD_LETTER_COLUMNS,
@@ -62,36 +62,55 @@ class PgGroupState(PgBase):
         dead_letters: Sequence[DeadLetter] = (),
         redrive_done: Sequence[MessageRef] = (),
     ) -> None:
-        async with self._conn() as conn:
-            # Resolve every topic first: an unknown one raises before the transaction starts.
-            progress_rows: list[tuple[int, int, int, str]] = []
-            for (topic, qid), p in progress.items():
-                tid = (await self._topic(conn, topic))[0]
-                progress_rows.append((tid, qid, p.committed, p.detail_json().decode()))
-            # One row per message, the last one winning (as an upsert of each in turn would).
-            dead_rows: dict[tuple[int, int, int], tuple[Any, ...]] = {}
-            for dl in dead_letters:
-                tid, m = (await self._topic(conn, dl.message.topic))[0], dl.message
-                dead_rows[tid, m.qid, m.offset] = (
-                    tid, m.qid, m.offset, m.key, m.id, m.headers_json, m.body_json,
-                    m.produced_at_ms, dl.attempts, dl.last_error, dl.dead_lettered_at_ms,
-                    dl.redriving,
-                )  # fmt: skip
-            done_rows: list[tuple[int, int, int]] = []
-            for topic, qid, off in redrive_done:
-                maybe_tid = await self._tid_or_none(conn, topic)
-                if maybe_tid is not None:  # a topic that is gone has no dead letters left
-                    done_rows.append((maybe_tid, qid, off))
-            async with conn.transaction():
-                if progress_rows:
-                    await conn.execute(UPSERT_PROGRESS, group, *columns(progress_rows))
-                # Deletes go first so a redriven message that was dead-lettered again stays dead.
-                if done_rows:
-                    await conn.execute(DELETE_DEAD_LETTERS, group, *columns(done_rows))
-                if dead_rows:
-                    await conn.execute(
-                        UPSERT_DEAD_LETTERS, group, *columns(list(dead_rows.values()))
-                    )
+        async with self._conn() as conn, conn.transaction():
+            await self.commit_within(conn, group, progress, dead_letters, redrive_done)
+
+    async def commit_within(
+        self,
+        conn: Conn,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        dead_letters: Sequence[DeadLetter] = (),
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> None:
+        """``commit`` inside a transaction the caller holds on ``conn`` (a hand-over writes
+        the final progress of several groups and frees the queue in one transaction).
+
+        With a ``fence`` (cluster mode) the queues whose progress or dead letters are written
+        must be owned by this proxy at the epoch it holds, else ``QueueNotOwned`` is raised
+        and nothing is written (checked first, in the same transaction).
+        """
+        # Resolve every topic first: an unknown one raises before anything is written.
+        progress_rows: list[tuple[int, int, int, str]] = []
+        touched: dict[tuple[int, int], QueueRef] = {}
+        for (topic, qid), p in progress.items():
+            tid = (await self._topic(conn, topic))[0]
+            progress_rows.append((tid, qid, p.committed, p.detail_json().decode()))
+            touched[tid, qid] = (topic, qid)
+        # One row per message, the last one winning (as an upsert of each in turn would).
+        dead_rows: dict[tuple[int, int, int], tuple[Any, ...]] = {}
+        for dl in dead_letters:
+            tid, m = (await self._topic(conn, dl.message.topic))[0], dl.message
+            dead_rows[tid, m.qid, m.offset] = (
+                tid, m.qid, m.offset, m.key, m.id, m.headers_json, m.body_json,
+                m.produced_at_ms, dl.attempts, dl.last_error, dl.dead_lettered_at_ms,
+                dl.redriving,
+            )  # fmt: skip
+            touched[tid, m.qid] = (m.topic, m.qid)
+        done_rows: list[tuple[int, int, int]] = []
+        for topic, qid, off in redrive_done:
+            maybe_tid = await self._tid_or_none(conn, topic)
+            if maybe_tid is not None:  # a topic that is gone has no dead letters left
+                done_rows.append((maybe_tid, qid, off))
+        if self.fence is not None:
+            await self.fence.check(conn, touched)
+        if progress_rows:
+            await conn.execute(UPSERT_PROGRESS, group, *columns(progress_rows))
+        # Deletes go first so a redriven message that was dead-lettered again stays dead.
+        if done_rows:
+            await conn.execute(DELETE_DEAD_LETTERS, group, *columns(done_rows))
+        if dead_rows:
+            await conn.execute(UPSERT_DEAD_LETTERS, group, *columns(list(dead_rows.values())))
 
     # -- dead letters --------------------------------------------------------------------------
     async def _dead_letters(

@@ -28,6 +28,7 @@ from cproxy.store._pg_sql import (
     INSERT_DEDUP,
     LOCK_IDS,
     LOCK_QUEUES,
+    NOTIFY_APPEND,
     READ_BATCHES,
     READ_FROM_FLOOR,
     UPDATE_QUEUES,
@@ -242,6 +243,11 @@ class PgLog(PgBase):
                     )
                     tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
                     await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
+                    if self.notify_appends:
+                        # Delivered at COMMIT, never for a rolled-back append.
+                        await conn.execute(
+                            NOTIFY_APPEND, [f"{topic}:{q}:{n}" for q, n, _ in tails_now]
+                        )
                 if out.dedup_rows:
                     await conn.execute(INSERT_DEDUP, tid, *columns(out.dedup_rows)[1:])
             if out.dedup_rows:

@@ -98,3 +98,10 @@ DEAD_LETTER_COLUMNS = (
     "t.name, d.qid, d.off, d.key, d.body, d.headers, d.id, d.produced_at_ms,"
     " d.attempts, d.last_error, d.dead_lettered_at_ms, d.redriving"
 )
+
+#: The channel on which appends announce new data (cluster mode): the payload is
+#: ``<topic>:<qid>:<next offset>``; topic names cannot contain ``:``.
+APPEND_CHANNEL = "cproxy_append"
+
+#: One notification per queue an append wrote to.
+NOTIFY_APPEND = f"SELECT pg_notify('{APPEND_CHANNEL}', p) FROM unnest($1::text[]) AS p"

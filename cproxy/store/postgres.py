@@ -36,11 +36,15 @@ the next append to a queue waits for the previous one's COMMIT.
 Durability: sessions run with ``synchronous_commit = on``, so a returned append is in the WAL on
 disk (as far as the server's ``fsync`` setting makes it so).
 
-Wake-ups across proxies (later): a produce on one proxy must wake long polls on the others. The
-hook is the append transaction: a ``SELECT pg_notify('cproxy_append', '<tid>:<qid>:<next>')``
-per touched queue just before COMMIT is delivered exactly when the messages become visible (and
-never for a rolled-back append); each proxy would ``LISTEN cproxy_append`` on one dedicated
-connection and offer the named queues to its groups. Nothing here sends or listens yet.
+Wake-ups across proxies (cluster mode, ``notify_appends``): a produce on one proxy must wake
+long polls on the others. The append transaction runs ``pg_notify('cproxy_append',
+'<topic>:<qid>:<next>')`` per touched queue just before COMMIT, which PostgreSQL delivers
+exactly when the messages become visible (and never for a rolled-back append); each proxy
+listens on one dedicated connection (``cproxy.cluster.node``) and tells its groups.
+
+Fencing (cluster mode, ``fence``): ``commit`` checks in its transaction that this proxy owns
+every queue it writes progress or dead letters for, at the epoch it holds
+(``cproxy.cluster.fencing``).
 
 Foreign errors (asyncpg, OS, timeouts) become ``cproxy.errors.StoreError`` in ``_conn``.
 

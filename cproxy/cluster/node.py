@@ -1,0 +1,339 @@
+"""One proxy's part in a cluster: heartbeat, claim, release and hand over its queues.
+
+``ClusterNode`` runs beside the broker (``start``/``leave``). Every ``heartbeat_interval_ms``,
+or at once when a peer frees a queue (NOTIFY on ``ownership.CHANNEL``), one *round*:
+
+1. heartbeat the membership row and renew the lease of every owned queue, both at the
+   database clock; a queue missing from the renewal was taken over: its state is dropped
+   (``lose``), so late results for it answer ``unknown``;
+2. catch up with topics and groups changed through other proxies (``Broker.refresh``);
+3. compute the assignment over the live members (``assignment.assign``); claim each queue
+   assigned here that is claimable, and start serving it; mark each owned queue assigned
+   elsewhere *releasing* (hand out nothing new, take results);
+4. hand over each releasing queue whose in-flight messages are all answered (or whose
+   ``handover_timeout_ms`` passed): its groups' final progress and the freeing of the row are
+   one transaction (``ownership.hand_over``).
+
+The lease is also checked locally on every consumer result (``check_lease``): when the last
+successful renewal began more than ``lease_ms`` ago (a pause, a lost database) results are
+refused with 503 until a round confirms what is still owned, so a proxy that woke from a
+SIGSTOP answers ``unknown`` for queues taken meanwhile instead of acknowledging them.
+
+New data on other proxies: a dedicated connection LISTENs on the store's append channel and
+tells the broker (``Broker.note_end``), so a long poll answers within milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import asyncpg
+from anyio.abc import TaskGroup
+
+from cproxy.broker import Broker
+from cproxy.cluster import assignment, membership, ownership
+from cproxy.cluster.fencing import Fence
+from cproxy.cluster.ownership import TidQid
+from cproxy.cluster.schema import ensure_cluster_schema
+from cproxy.cluster.settings import ClusterSettings
+from cproxy.engine.records import CommitBatch
+from cproxy.errors import QueueNotOwned, StoreError, TopicNotFound
+from cproxy.store._pg_base import Conn
+from cproxy.store._pg_sql import APPEND_CHANNEL
+from cproxy.store.postgres import PostgresStore
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Held:
+    """A queue this node owns: at which epoch, and since when it is releasing (monotonic s)."""
+
+    topic: str
+    qid: int
+    epoch: int
+    releasing_since: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What ``GET /v1/cluster`` shows: live members and every queue with its owner."""
+
+    members: list[membership.Member]
+    queues: list[ownership.OwnerRow]
+
+
+class ClusterNode:
+    """Build before the broker starts (its groups then open with no queue); ``start`` after
+    it started; ``leave()`` on shutdown, before the broker stops."""
+
+    def __init__(self, settings: ClusterSettings, store: PostgresStore, broker: Broker) -> None:
+        self.settings = settings
+        self._store = store
+        self._broker = broker
+        self.node_id = settings.node_id
+        self.fence = Fence(settings.node_id)
+        self.held: dict[TidQid, Held] = {}
+        self._lease_s = settings.lease_ms / 1000
+        #: Monotonic time until which the lease is surely ours (start of the last renewal
+        #: that succeeded + lease).
+        self._valid_until = 0.0
+        self._wake = anyio.Event()
+        self._round_lock = anyio.Lock()
+        self._leaving = False
+        self._listener: asyncpg.Connection | None = None
+        self._scope: anyio.CancelScope | None = None
+        # Before the broker starts: its groups open serving no queue until one is claimed.
+        broker.owned = set()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    async def start(self, task_group: TaskGroup) -> None:
+        """Join: schema, fencing and notifications on, the first round, then the loop."""
+        async with self._store.connection() as conn:
+            await ensure_cluster_schema(conn)
+        self._store.fence = self.fence
+        self._store.notify_appends = True
+        self._broker.check_lease = self.check_lease
+        await self._listen()
+        await self.round()
+        self._scope = anyio.CancelScope()
+        task_group.start_soon(self._loop, name=f"cluster:{self.node_id}")
+        logger.info("node=%s joined the cluster queues=%d", self.node_id, len(self.held))
+
+    async def leave(self, timeout_s: float | None = None) -> None:
+        """Hand every owned queue over (drain first), then leave the membership.
+
+        Waits at most ``timeout_s`` (default: the handover timeout, else the longest ack
+        timeout) for in-flight messages; queues still busy then are handed over anyway.
+        """
+        self._leaving = True
+        limit = timeout_s if timeout_s is not None else self._handover_timeout_s()
+        deadline = time.monotonic() + limit
+        try:
+            async with self._round_lock:
+                await self._release_all()
+            while self.held:
+                async with self._round_lock:
+                    await self._hand_over_ready(force=time.monotonic() >= deadline)
+                if self.held:
+                    await anyio.sleep(0.02)
+            async with self._store.connection() as conn:
+                await membership.leave(conn, self.node_id)
+        except StoreError as exc:
+            logger.warning("node=%s could not hand over everything: %s", self.node_id, exc)
+        finally:
+            if self._scope is not None:
+                self._scope.cancel()
+            await self._unlisten()
+        logger.info("node=%s left the cluster", self.node_id)
+
+    async def _loop(self) -> None:
+        assert self._scope is not None
+        with self._scope:
+            while True:
+                with anyio.move_on_after(self.settings.heartbeat_interval_ms / 1000):
+                    await self._wake.wait()
+                self._wake = anyio.Event()
+                try:
+                    await self.round()
+                except StoreError as exc:
+                    logger.warning("node=%s cluster round failed: %s", self.node_id, exc)
+                except Exception:
+                    logger.exception("node=%s cluster round crashed", self.node_id)
+
+    # -- the lease -----------------------------------------------------------------------------
+    def lease_valid(self) -> bool:
+        return time.monotonic() < self._valid_until
+
+    def check_lease(self) -> None:
+        """Raise ``StoreError`` (503) while ownership is unconfirmed; wakes a round."""
+        if not self.lease_valid():
+            self._wake.set()
+            raise StoreError(
+                "this proxy is re-checking which queues it owns (its lease ran out); retry"
+            )
+
+    # -- one round -----------------------------------------------------------------------------
+    def _grace_ms(self) -> int:
+        return max((r.config.ack_timeout_ms for r in self._broker.groups.values()), default=0)
+
+    def _handover_timeout_s(self) -> float:
+        ms = self.settings.handover_timeout_ms
+        return (self._grace_ms() if ms is None else ms) / 1000
+
+    async def round(self) -> None:
+        """Heartbeat, renew, catch up, claim, release, hand over (see the module docstring)."""
+        async with self._round_lock:
+            began = time.monotonic()
+            async with self._store.connection() as conn:
+                await membership.heartbeat(
+                    conn, self.node_id, self.settings.advertise_url, self.settings.lease_ms
+                )
+                renewed = await ownership.renew(
+                    conn, self.node_id, self.settings.lease_ms, self._grace_ms()
+                )
+            self._valid_until = began + self._lease_s
+            for queue, held in list(self.held.items()):
+                if renewed.get(queue) != held.epoch:
+                    self._lose(queue, "taken over by another proxy")
+            await self._broker.refresh()
+            if self._listener is None or self._listener.is_closed():
+                await self._listen()  # the database restarted: notifications resume
+            await self._catch_up()
+            if not self._leaving:
+                await self._rebalance()
+            await self._hand_over_ready(force=False)
+
+    async def _catch_up(self) -> None:
+        """Tell the groups each owned queue's end as the store has it: a safety net for
+        notifications lost while the LISTEN connection was down (one query per topic)."""
+        for topic in sorted({h.topic for h in self.held.values()}):
+            try:
+                queues = await self._store.queue_stats(topic)
+            except TopicNotFound:
+                continue  # deleted meanwhile; its queues leave with the next rows
+            for stats in queues:
+                self._broker.note_end(topic, stats.qid, stats.next_offset)
+
+    async def _rebalance(self) -> None:
+        async with self._store.connection() as conn:
+            members = [m.node_id for m in await membership.live_members(conn)]
+            rows = await ownership.rows(conn)
+        if self.node_id not in members:
+            members.append(self.node_id)  # our heartbeat just committed; a clock race
+        wanted = assignment.assign([r.ref for r in rows], members)
+        for row in rows:
+            queue = (row.tid, row.qid)
+            mine = wanted.get(row.ref) == self.node_id
+            held = self.held.get(queue)
+            if mine and held is None and row.claimable:
+                await self._claim(queue, row.topic, row.qid)
+            elif not mine and held is not None and held.releasing_since is None:
+                await self._release(queue, held)
+
+    async def _claim(self, queue: TidQid, topic: str, qid: int) -> None:
+        async with self._store.connection() as conn:
+            epoch = await ownership.claim(
+                conn, self.node_id, queue, self.settings.lease_ms, self._grace_ms()
+            )
+        if epoch is None:
+            return
+        self.held[queue] = Held(topic, qid, epoch)
+        self.fence.epochs[queue] = epoch
+        await self._broker.serve_queue(topic, qid)
+        logger.info("node=%s claimed topic=%s qid=%d epoch=%d", self.node_id, topic, qid, epoch)
+
+    async def _release(self, queue: TidQid, held: Held) -> None:
+        async with self._store.connection() as conn:
+            ok = await ownership.release(conn, self.node_id, queue, held.epoch)
+        if not ok:
+            self._lose(queue, "not owned when releasing")
+            return
+        held.releasing_since = time.monotonic()
+        self._broker.pause_queue(held.topic, held.qid)
+        logger.info("node=%s releasing topic=%s qid=%d", self.node_id, held.topic, held.qid)
+
+    async def _release_all(self) -> None:
+        for queue, held in list(self.held.items()):
+            if held.releasing_since is None:
+                await self._release(queue, held)
+
+    async def _hand_over_ready(self, *, force: bool) -> None:
+        timeout_s = self._handover_timeout_s()
+        now = time.monotonic()
+        for queue, held in list(self.held.items()):
+            if held.releasing_since is None:
+                continue
+            busy = self._broker.in_flight_on(held.topic, held.qid)
+            if busy and not force and now - held.releasing_since < timeout_s:
+                continue
+            await self._hand_over(queue, held, busy)
+
+    async def _hand_over(self, queue: TidQid, held: Held, busy: int) -> None:
+        batches: list[tuple[Any, CommitBatch]] = []
+        for runner in list(self._broker.groups.values()):
+            batch = runner.take_commit()
+            # Always the queue's final progress, even when unchanged since the runner's last
+            # take: that commit may still be in flight, and it will be fenced once we free
+            # the queue.
+            final = runner.queue_progress(held.topic, held.qid)
+            if final is not None:
+                batch.progress[(held.topic, held.qid)] = final
+            batches.append((runner, batch))
+
+        async def write_final(conn: Conn) -> None:
+            for runner, batch in batches:
+                if batch:
+                    await self._store.commit_within(
+                        conn, runner.name, batch.progress, batch.dead_letters, batch.redrive_done
+                    )
+
+        try:
+            async with self._store.connection() as conn:
+                await ownership.hand_over(conn, self.node_id, queue, held.epoch, write_final)
+        except QueueNotOwned as exc:
+            for runner, batch in batches:
+                runner.requeue(batch)
+            lost = exc.refs or [(held.topic, held.qid)]
+            for topic, qid in lost:
+                for q, h in list(self.held.items()):
+                    if (h.topic, h.qid) == (topic, qid):
+                        self._lose(q, "fenced at hand-over")
+            return
+        except BaseException:
+            for runner, batch in batches:
+                runner.requeue(batch)
+            raise
+        self._forget(queue)
+        logger.info(
+            "node=%s handed over topic=%s qid=%d epoch=%d in_flight_abandoned=%d",
+            self.node_id, held.topic, held.qid, held.epoch, busy,
+        )  # fmt: skip
+
+    def _forget(self, queue: TidQid) -> None:
+        held = self.held.pop(queue)
+        self.fence.epochs.pop(queue, None)
+        self._broker.drop_queue(held.topic, held.qid)
+
+    def _lose(self, queue: TidQid, why: str) -> None:
+        held = self.held[queue]
+        logger.warning(
+            "node=%s lost topic=%s qid=%d epoch=%d: %s", self.node_id, held.topic, held.qid,
+            held.epoch, why,
+        )  # fmt: skip
+        self._forget(queue)
+
+    # -- notifications -------------------------------------------------------------------------
+    async def _listen(self) -> None:
+        await self._unlisten()
+        try:
+            self._listener = await asyncpg.connect(self._store.dsn, timeout=5)
+            await self._listener.add_listener(APPEND_CHANNEL, self._on_append)
+            await self._listener.add_listener(ownership.CHANNEL, self._on_cluster)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise StoreError(f"cannot LISTEN for cluster notifications: {exc}") from exc
+
+    async def _unlisten(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            try:
+                await listener.close(timeout=2)
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
+                listener.terminate()
+
+    def _on_append(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        topic, qid, end = str(payload).rsplit(":", 2)
+        self._broker.note_end(topic, int(qid), int(end))
+
+    def _on_cluster(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        self._wake.set()
+
+    # -- the view ------------------------------------------------------------------------------
+    async def view(self) -> ClusterView:
+        """Live members (by node id) and every queue with its owner (by topic, qid)."""
+        async with self._store.connection() as conn:
+            return ClusterView(await membership.live_members(conn), await ownership.rows(conn))

@@ -1,0 +1,83 @@
+"""Queues joining and leaving a group's engine while it runs (cluster mode, DESIGN.md s. 8).
+
+A proxy in a cluster serves only the queues it owns, and ownership moves. These verbs are
+``GroupEngine`` methods (mixed in from here); a single proxy never calls them.
+
+- ``add_queue``: start serving a queue from its persisted progress.
+- ``pause_queue``: the queue is *releasing*: hand out nothing new from it (its ready entries
+  are set aside as ``pull`` meets them), while results for what is in flight still apply.
+- ``in_flight_on``: how many of its messages are handed out (the hand-over waits for 0).
+- ``queue_progress``: its progress in the persisted form, for the final commit.
+- ``drop_queue``: forget everything held for it; results for it then answer ``unknown``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from cproxy.engine.reader import Reader
+from cproxy.engine.sequencer import Sequencer
+from cproxy.engine.work import Entry
+from cproxy.model import MessageRef, QueueProgress, QueueRef
+
+
+class QueueSet:
+    """Queue membership verbs, mixed into ``GroupEngine`` (which sets this state)."""
+
+    _reader: Reader
+    _seq: Sequencer
+    _in_flight: dict[MessageRef, Entry]
+    _persisted: dict[QueueRef, QueueProgress]
+    #: Releasing queues, and their ready entries that ``pull`` set aside.
+    _paused: dict[QueueRef, list[Entry]]
+    progress: Callable[[], dict[QueueRef, QueueProgress]]
+    seek: Callable[[str, Mapping[int, int]], None]
+
+    def serves(self, topic: str, qid: int) -> bool:
+        """Whether the queue is part of this engine (paused or not)."""
+        return self._reader.cursor(topic, qid) is not None
+
+    def add_queue(self, topic: str, qid: int, progress: QueueProgress, end_offset: int) -> None:
+        """Serve a queue from ``progress`` (as persisted); ``end_offset`` is the store's next
+        offset. A queue already served is left as it is."""
+        ref = (topic, qid)
+        if self.serves(topic, qid):
+            return
+        self._reader.add_queue(ref, progress, end_offset)
+        self._persisted[ref] = progress
+
+    def pause_queue(self, topic: str, qid: int) -> None:
+        """Hand out nothing new from the queue (it is being released)."""
+        if self.serves(topic, qid):
+            self._paused.setdefault((topic, qid), [])
+
+    def set_aside(self, entry: Entry) -> bool:
+        """Called by ``pull`` for each ready entry while any queue is paused: True (and the
+        entry kept aside, still READY) when its queue is paused."""
+        message = entry.message
+        aside = self._paused.get((message.topic, message.qid))
+        if aside is None:
+            return False
+        aside.append(entry)
+        return True
+
+    def in_flight_on(self, topic: str, qid: int) -> int:
+        """Messages of the queue handed out and not yet answered."""
+        return sum(1 for t, q, _ in self._in_flight if t == topic and q == qid)
+
+    def queue_progress(self, topic: str, qid: int) -> QueueProgress | None:
+        """The queue's progress in its persisted form; None when it is not served."""
+        return self.progress().get((topic, qid))
+
+    def drop_queue(self, topic: str, qid: int) -> None:
+        """Forget the queue: everything held for it is dropped (results for its deliveries
+        answer ``unknown`` from now on) and it is read no more."""
+        ref = (topic, qid)
+        if not self.serves(topic, qid):
+            return
+        # Entries set aside left the ready deques: put them back so the drop finds them.
+        for entry in self._paused.pop(ref, []):
+            self._seq.retry_now(entry)
+        self.seek(topic, {qid: 0})
+        self._reader.remove_queue(ref)
+        self._persisted.pop(ref, None)

@@ -1,0 +1,187 @@
+"""Membership, queue ownership transitions and fencing against a real PostgreSQL.
+
+Several stores on one database stand for several proxies; all times are the database's.
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+from cproxy.cluster import membership, ownership
+from cproxy.cluster.fencing import Fence
+from cproxy.cluster.schema import ensure_cluster_schema
+from cproxy.errors import QueueNotOwned
+from cproxy.model import DeadLetter, Message, QueueProgress
+from cproxy.store.postgres import PostgresStore
+from tests.cluster.conftest import StoreFactory
+
+LEASE_MS = 300
+GRACE_MS = 400
+
+
+async def cluster_store(stores: StoreFactory, queues: int = 4) -> PostgresStore:
+    store = await stores()
+    await store.create_topic("rides", queues)
+    async with store.connection() as conn:
+        await ensure_cluster_schema(conn)
+        await ensure_cluster_schema(conn)  # idempotent
+    return store
+
+
+async def tid_of(store: PostgresStore, qid: int) -> tuple[int, int]:
+    async with store.connection() as conn:
+        rows = await ownership.rows(conn)
+    return next((r.tid, r.qid) for r in rows if r.qid == qid)
+
+
+async def test_members_are_live_while_their_lease_runs_by_the_database_clock(
+    stores: StoreFactory,
+) -> None:
+    store = await cluster_store(stores)
+    async with store.connection() as conn:
+        await membership.heartbeat(conn, "a", "http://127.0.0.1:1", 60_000)
+        await membership.heartbeat(conn, "b", "http://127.0.0.1:2", LEASE_MS)
+        assert [m.node_id for m in await membership.live_members(conn)] == ["a", "b"]
+        deadline = time.monotonic() + 10
+        while [m.node_id for m in await membership.live_members(conn)] != ["a"]:
+            assert time.monotonic() < deadline, "b's lease never ran out"
+            await anyio.sleep(0.05)
+        await membership.heartbeat(conn, "b", "http://127.0.0.1:3", 60_000)  # b is back
+        live = await membership.live_members(conn)
+        assert [(m.node_id, m.advertise_url) for m in live] == [
+            ("a", "http://127.0.0.1:1"),
+            ("b", "http://127.0.0.1:3"),
+        ]
+        await membership.leave(conn, "a")
+        assert [m.node_id for m in await membership.live_members(conn)] == ["b"]
+
+
+async def test_claim_only_free_queues_and_epochs_grow(stores: StoreFactory) -> None:
+    store = await cluster_store(stores)
+    q0 = await tid_of(store, 0)
+    async with store.connection() as conn:
+        rows = await ownership.rows(conn)
+        assert [(r.ref, r.owner, r.epoch, r.claimable) for r in rows] == [
+            (("rides", qid), None, 0, True) for qid in range(4)
+        ]
+        assert await ownership.claim(conn, "a", q0, 60_000, GRACE_MS) == 1
+        assert await ownership.claim(conn, "b", q0, 60_000, GRACE_MS) is None
+        assert await ownership.renew(conn, "a", 60_000, GRACE_MS) == {q0: 1}
+        assert await ownership.renew(conn, "b", 60_000, GRACE_MS) == {}
+        row = (await ownership.rows(conn))[0]
+        assert (row.owner, row.epoch, row.state, row.claimable) == ("a", 1, "owned", False)
+
+
+async def test_planned_hand_over_writes_final_progress_and_frees_in_one_transaction(
+    stores: StoreFactory,
+) -> None:
+    store = await cluster_store(stores)
+    q0 = await tid_of(store, 0)
+    store.fence = Fence("a")
+    async with store.connection() as conn:
+        epoch = await ownership.claim(conn, "a", q0, 60_000, GRACE_MS)
+        assert epoch == 1
+        store.fence.epochs[q0] = epoch
+        assert await ownership.release(conn, "a", q0, epoch)
+        assert not await ownership.release(conn, "b", q0, epoch)
+        row = (await ownership.rows(conn))[0]
+        assert (row.owner, row.state, row.claimable) == ("a", "releasing", False)
+
+        async def final(c: object) -> None:
+            await store.commit_within(conn, "billing", {("rides", 0): QueueProgress(17)})
+
+        await ownership.hand_over(conn, "a", q0, epoch, final)
+        row = (await ownership.rows(conn))[0]
+        assert (row.owner, row.epoch, row.state, row.claimable) == (None, 1, "owned", True)
+        assert await ownership.claim(conn, "b", q0, 60_000, GRACE_MS) == 2
+    assert (await store.load_progress("billing"))[("rides", 0)].committed == 17
+
+
+async def test_a_stale_hand_over_writes_nothing(stores: StoreFactory) -> None:
+    store = await cluster_store(stores)
+    q0 = await tid_of(store, 0)
+    async with store.connection() as conn:
+        epoch = await ownership.claim(conn, "a", q0, 60_000, GRACE_MS)
+        assert epoch is not None
+
+        async def final(c: object) -> None:
+            await store.commit_within(conn, "billing", {("rides", 0): QueueProgress(5)})
+
+        with pytest.raises(QueueNotOwned):
+            await ownership.hand_over(conn, "a", q0, epoch + 1, final)
+        row = (await ownership.rows(conn))[0]
+        assert (row.owner, row.epoch) == ("a", epoch)
+    assert await store.load_progress("billing") == {}
+
+
+async def test_after_a_crash_a_queue_is_claimable_only_after_lease_plus_grace(
+    stores: StoreFactory,
+) -> None:
+    store = await cluster_store(stores)
+    q0 = await tid_of(store, 0)
+    async with store.connection() as conn:
+        began = time.monotonic()
+        assert await ownership.claim(conn, "a", q0, LEASE_MS, GRACE_MS) == 1
+        # "a" crashes: it never renews again. "b" keeps trying.
+        deadline = time.monotonic() + 15
+        while (epoch := await ownership.claim(conn, "b", q0, 60_000, GRACE_MS)) is None:
+            assert time.monotonic() < deadline, "the queue was never taken over"
+            await anyio.sleep(0.02)
+        waited_ms = (time.monotonic() - began) * 1000
+        assert epoch == 2
+        assert waited_ms >= LEASE_MS + GRACE_MS - 50, waited_ms  # clock granularity
+        # The old owner's renewal no longer names the queue: it learns that it lost it.
+        assert await ownership.renew(conn, "a", LEASE_MS, GRACE_MS) == {}
+
+
+def dead_letter(qid: int, offset: int) -> DeadLetter:
+    message = Message("rides", qid, offset, "k", b'{"n":1}', None, None, 1)
+    return DeadLetter("billing", message, 3, "boom", 2)
+
+
+async def test_commits_are_fenced_by_owner_and_epoch(stores: StoreFactory) -> None:
+    a, b = await cluster_store(stores), await stores()
+    a.fence, b.fence = Fence("a"), Fence("b")
+    q0, q1 = await tid_of(a, 0), await tid_of(a, 1)
+    async with a.connection() as conn:
+        a.fence.epochs[q0] = await ownership.claim(conn, "a", q0, LEASE_MS, 0) or 0
+        a.fence.epochs[q1] = await ownership.claim(conn, "a", q1, 60_000, 0) or 0
+    await a.commit("billing", {("rides", 0): QueueProgress(3), ("rides", 1): QueueProgress(4)})
+    # A queue never claimed cannot be committed either.
+    with pytest.raises(QueueNotOwned) as never:
+        await a.commit("billing", {("rides", 2): QueueProgress(9)})
+    assert never.value.refs == [("rides", 2)]
+
+    # "a" pauses past its lease on queue 0; "b" takes it over and commits.
+    deadline = time.monotonic() + 15
+    async with b.connection() as conn:
+        while (epoch := await ownership.claim(conn, "b", q0, 60_000, 0)) is None:
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.02)
+    b.fence.epochs[q0] = epoch
+    await b.commit("billing", {("rides", 0): QueueProgress(10)})
+
+    # "a" wakes: progress and dead letters of queue 0 are refused, and nothing of the commit
+    # is written (queue 1's progress included), so the caller can drop queue 0 and retry.
+    with pytest.raises(QueueNotOwned) as lost:
+        await a.commit("billing", {("rides", 0): QueueProgress(5), ("rides", 1): QueueProgress(8)})
+    assert lost.value.refs == [("rides", 0)]
+    assert lost.value.code == "queue_not_owned"
+    with pytest.raises(QueueNotOwned):
+        await a.commit("billing", {}, [dead_letter(0, 4)])
+    progress = await a.load_progress("billing")
+    assert (progress[("rides", 0)].committed, progress[("rides", 1)].committed) == (10, 4)
+    assert await a.count_dead_letters("billing") == 0
+    await a.commit("billing", {("rides", 1): QueueProgress(8)}, [dead_letter(1, 6)])
+    assert (await a.load_progress("billing"))[("rides", 1)].committed == 8
+    assert await a.count_dead_letters("billing") == 1
+
+
+async def test_a_store_without_a_fence_commits_anything(stores: StoreFactory) -> None:
+    store = await cluster_store(stores)
+    assert store.fence is None
+    await store.commit("billing", {("rides", 3): QueueProgress(2)})
+    assert (await store.load_progress("billing"))[("rides", 3)].committed == 2
