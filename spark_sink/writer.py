@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
+from spark_sink.columns import ArrowRows, arrow_supported
 from spark_sink.executors import check_executors
 from spark_sink.options import SinkOptions
 from spark_sink.partition import BatchHook, PartitionWriter, WriteSummary
@@ -27,9 +29,7 @@ def require_pyspark() -> None:
     try:
         import pyspark  # noqa: F401 (optional dependency)
     except ImportError as exc:
-        raise ImportError(
-            "spark_sink needs PySpark: pip install 'cproxy-ordered[spark]'"
-        ) from exc
+        raise ImportError("spark_sink needs PySpark: pip install 'cproxy-ordered[spark]'") from exc
 
 
 def prepare(
@@ -62,7 +62,8 @@ def quote_column(name: str) -> str:
 
 
 class PartitionJob:
-    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``)."""
+    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``): the row
+    path, for schemas the Arrow path does not take."""
 
     def __init__(
         self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
@@ -74,6 +75,34 @@ class PartitionJob:
     def __call__(self, partition_id: int, rows: Iterable[Sequence[Any]]) -> Iterator[WriteSummary]:
         writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
         yield writer.write(rows)
+
+
+#: The one row an :class:`ArrowPartitionJob` returns: its partition's :class:`WriteSummary`.
+SUMMARY_DDL = ", ".join(f"{f.name} long" for f in fields(WriteSummary))
+
+
+class ArrowPartitionJob:
+    """The picklable function Spark runs per partition with ``mapInArrow``: Arrow record
+    batches in (columns converted at once, see :mod:`spark_sink.columns`), one record batch
+    with the partition's summary out."""
+
+    def __init__(
+        self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
+    ) -> None:
+        self.options = options
+        self.encoder = encoder
+        self.on_batch = on_batch
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa  # type: ignore[import-untyped]
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition_id = context.partitionId() if context is not None else 0
+        writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
+        rows = ArrowRows(self.encoder.schema_json, self.encoder.order_index).rows(batches)
+        summary = writer.write_converted(rows)
+        yield pa.RecordBatch.from_pylist([asdict(summary)])
 
 
 def write_dataframe(
@@ -129,8 +158,13 @@ def write_with_options(
         options.order_col,
     )
     prepared = prepare(df, options.key_col, options.order_col, options.num_partitions)
-    job = PartitionJob(options, encoder, on_batch)
-    summary = WriteSummary.total(prepared.rdd.mapPartitionsWithIndex(job).collect())
+    if arrow_supported(df.schema.jsonValue()):
+        arrow_job = ArrowPartitionJob(options, encoder, on_batch)
+        rows = prepared.mapInArrow(arrow_job, SUMMARY_DDL).collect()
+        summary = WriteSummary.total(WriteSummary(**row.asDict()) for row in rows)
+    else:
+        job = PartitionJob(options, encoder, on_batch)
+        summary = WriteSummary.total(prepared.rdd.mapPartitionsWithIndex(job).collect())
     log.info("wrote to topic %s: %s", options.topic, summary)
     return summary
 
