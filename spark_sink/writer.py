@@ -6,6 +6,7 @@ core install; only calling into Spark requires the ``spark`` extra.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, fields
@@ -158,15 +159,24 @@ def write_with_options(
         options.order_col,
     )
     prepared = prepare(df, options.key_col, options.order_col, options.num_partitions)
-    if arrow_supported(df.schema.jsonValue()):
+    if arrow_supported(df.schema.jsonValue()) and _has_pandas():
         arrow_job = ArrowPartitionJob(options, encoder, on_batch)
-        rows = prepared.mapInArrow(arrow_job, SUMMARY_DDL).collect()
+        # Positional names: PySpark's mapInArrow resolves every column by name, and a name
+        # such as "a.b" would resolve as a struct field. The job works by position.
+        positional = prepared.toDF(*(f"_{i}" for i in range(len(df.columns))))
+        rows = positional.mapInArrow(arrow_job, SUMMARY_DDL).collect()
         summary = WriteSummary.total(WriteSummary(**row.asDict()) for row in rows)
     else:
         job = PartitionJob(options, encoder, on_batch)
         summary = WriteSummary.total(prepared.rdd.mapPartitionsWithIndex(job).collect())
     log.info("wrote to topic %s: %s", options.topic, summary)
     return summary
+
+
+def _has_pandas() -> bool:
+    """PySpark refuses ``mapInArrow`` without pandas (it builds the function as a pandas UDF,
+    though no pandas code runs on it); the row path needs neither."""
+    return importlib.util.find_spec("pandas") is not None
 
 
 class ForeachBatchWriter:
