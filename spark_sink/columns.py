@@ -41,17 +41,31 @@ def arrow_supported(spark_type: Any) -> bool:
 
 def _timestamps(array: Any) -> list[Any]:
     import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
 
     # Spark's Arrow timestamps hold UTC instants (tagged with the session time zone);
-    # without the tag they read as naive UTC datetimes: exactly what the row path prints.
+    # untagged they format as UTC. Arrow's %S prints the microseconds for a timestamp[us],
+    # so this is isoformat(timespec="microseconds") + "Z", the row path's text, in C++.
     naive = array.cast(pa.timestamp("us"))
-    return [
-        None if v is None else v.isoformat(timespec="microseconds") + "Z" for v in naive.to_pylist()
-    ]
+    values: list[Any] = pc.strftime(naive, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    return values
 
 
 def _timestamps_ntz(array: Any) -> list[Any]:
-    return [None if v is None else v.isoformat(timespec="microseconds") for v in array.to_pylist()]
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    naive = array.cast(pa.timestamp("us"))
+    values: list[Any] = pc.strftime(naive, format="%Y-%m-%dT%H:%M:%S").to_pylist()
+    return values
+
+
+def _dates(array: Any) -> list[Any]:
+    import pyarrow as pa
+
+    # Arrow prints dates as ISO 8601 with a 4-digit year, as date.isoformat() does.
+    values: list[Any] = array.cast(pa.string()).to_pylist()
+    return values
 
 
 def _plain(array: Any) -> list[Any]:
@@ -104,6 +118,8 @@ def column_converter(spark_type: Any) -> ColumnConverter:
             return _timestamps
         if name == "timestamp_ntz":
             return _timestamps_ntz
+        if name == "date":
+            return _dates
     convert = build_converter(spark_type)
     pairs = _map_pairs(spark_type)
     if pairs is not None:

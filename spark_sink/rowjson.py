@@ -190,6 +190,8 @@ class RowEncoder:
         self.order_index = None if order_col is None else position[order_col]
         body = body_cols or self.names
         self._body = [(name, position[name]) for name in body]
+        # The common case (every column, in order) builds the body dict in C.
+        self._whole_row_body = [name for name, _ in self._body] == list(self.names)
         self._id_indices = [position[name] for name in (id_cols or self.names)]
         #: True when ids come from whole rows, so identical rows need occurrence numbers.
         self.ids_from_whole_row = id_cols is None
@@ -209,6 +211,8 @@ class RowEncoder:
         return None if value is None else key_text(value)
 
     def body(self, converted: Sequence[Any]) -> dict[str, Any]:
+        if self._whole_row_body:
+            return dict(zip(self.names, converted, strict=True))
         return {name: converted[i] for name, i in self._body}
 
     def digest(self, converted: Sequence[Any]) -> str:
