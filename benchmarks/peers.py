@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import multiprocessing
 import shutil
 import socket
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -257,8 +258,15 @@ def describe(r: dict[str, Any]) -> str:
     )
 
 
-def run_rounds(systems: list[System], wl: Workload, rounds: int) -> dict[str, list[dict[str, Any]]]:
-    """Per round and system: the no-stall run, then the stall run (window: 2 x its time)."""
+def run_rounds(
+    systems: list[System],
+    wl: Workload,
+    rounds: int,
+    checkpoint: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Per round and system: the no-stall run, then the stall run (window: 2 x its time);
+    ``checkpoint`` gets the results so far after every round (a long run that is stopped
+    keeps its finished rounds)."""
     out: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     root = Path(tempfile.mkdtemp(prefix="cproxy-peers-"))
     try:
@@ -271,6 +279,8 @@ def run_rounds(systems: list[System], wl: Workload, rounds: int) -> dict[str, li
                 stalled = run_once(system, wl, True, 2 * plain["seconds"], root, f"{tag}-stall")
                 progress(f"round {rnd + 1} {system.name:20s} {describe(stalled)}")
                 out[system.name].append({"round": rnd, "plain": plain, "stall": stalled})
+            if checkpoint is not None:
+                checkpoint(out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -375,7 +385,12 @@ def main() -> None:
                 progress(f"skipping {kind}: {why}")
             else:
                 systems.append(System(kind, kind))
-        results = run_rounds(systems, wl, args.rounds)
+
+        def checkpoint(partial: dict[str, list[dict[str, Any]]]) -> None:
+            if args.json is not None:
+                args.json.write_text(json.dumps({"partial": True, "runs": partial}, indent=2))
+
+        results = run_rounds(systems, wl, args.rounds, checkpoint)
     rows = summarise(results, systems[0].name)
     out = {
         "machine": facts,
