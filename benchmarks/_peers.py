@@ -96,7 +96,7 @@ class Shared:
     """What the parent and the children of one run share."""
 
     barrier: multiprocessing.synchronize.Barrier
-    stop: multiprocessing.synchronize.Event
+    stop: Any  # multiprocessing RawValue("b"): 1 = stop now
     all_count: SynchronizedArray[int]
     healthy_count: SynchronizedArray[int]
     all_at: SynchronizedArray[float]
@@ -176,8 +176,13 @@ async def _child(spec: ChildSpec, shared: Shared) -> None:
 
 
 async def _watch(shared: Shared, stop: asyncio.Event) -> None:
-    await asyncio.to_thread(shared.stop.wait)
-    stop.set()
+    # A flag, not a multiprocessing Event: setting an Event waits for every process that
+    # sleeps on it, and hangs for good when one of them died.
+    while True:
+        if shared.stop.value:
+            stop.set()
+            return
+        await asyncio.sleep(0.02)
 
 
 Batches = list[list[tuple[int, int, bytes]]]  # (message index, partition, body JSON)

@@ -180,7 +180,7 @@ def run_once(
     n = wl.producers + wl.consumers
     shared = Shared(
         barrier=ctx.Barrier(n + 1),
-        stop=ctx.Event(),
+        stop=ctx.RawValue("b", 0),
         all_count=ctx.Array("q", wl.consumers, lock=False),  # type: ignore[arg-type]
         healthy_count=ctx.Array("q", wl.consumers, lock=False),  # type: ignore[arg-type]
         all_at=ctx.Array("d", wl.consumers, lock=False),  # type: ignore[arg-type]
@@ -210,10 +210,10 @@ def run_once(
                 time.sleep(0.005)
             ended = time.monotonic()
             server_cpu = cpu_seconds(server) - cpu0
-            shared.stop.set()
+            shared.stop.value = 1
             reports = [shared.reports.get(timeout=60) for _ in procs]
         finally:
-            shared.stop.set()
+            shared.stop.value = 1
             for p in procs:
                 p.join(30)
                 if p.is_alive():
