@@ -97,9 +97,7 @@ def record_batch(rows: list[dict[str, Any]]) -> Any:
         if name == "extra":
             values = [None if v is None else list(v.items()) for v in values]
         if name == "stop":
-            values = [
-                None if v is None else {**v, "seen": list(v["seen"].items())} for v in values
-            ]
+            values = [None if v is None else {**v, "seen": list(v["seen"].items())} for v in values]
         if name == "at":
             values = [None if v is None else v.astimezone(BERLIN) for v in values]
         arrays.append(pa.array(values, arrow_type) if arrow_type is not None else pa.array(values))
