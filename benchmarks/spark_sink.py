@@ -20,6 +20,7 @@ rate's ratio to Parquet's in the same round. Needs pyspark, pyarrow, pandas and 
 
     python -m benchmarks.spark_sink --quick       # 100k rows, 1 round
     python -m benchmarks.spark_sink --rounds 3 --json spark.json   # 200k and 1M rows
+    python -m benchmarks.spark_sink --client-only    # the sink's own CPU per row, both paths
 """
 
 from __future__ import annotations
@@ -185,6 +186,71 @@ def run_size(spark: Any, url: str, args: Any, size: int, scratch: Path) -> list[
     ]
 
 
+def client_only(rows: int, keys: int, batch_size: int) -> list[dict[str, Any]]:
+    """The sink's own cost per row, without Spark or a server: the same rows as
+    :func:`dataset` through the row path (tuples) and the Arrow path (record batches of
+    10,000, as Spark sends them), sent to an in-process endpoint that answers at once."""
+    import datetime as dt
+    from decimal import Decimal
+
+    import httpx
+    import orjson
+    import pyarrow as pa
+
+    from spark_sink.columns import ArrowRows
+    from spark_sink.partition import PartitionWriter
+
+    fields = [("id", "long"), ("key", "string"), ("seq", "long"), ("at", "timestamp")]
+    fields += [("amount", "decimal(8,2)"), ("note", "string")]
+    schema = {
+        "type": "struct",
+        "fields": [{"name": n, "type": t, "nullable": True, "metadata": {}} for n, t in fields],
+    }
+    ids = sorted(range(rows), key=lambda i: (f"key-{i % keys}", i // keys))  # as prepared
+    data = [
+        (
+            i,
+            f"key-{i % keys}",
+            i // keys,
+            dt.datetime.fromtimestamp(1_714_550_400 + i, dt.UTC),
+            Decimal(i % 1000) / 10,
+            "payload-payload-payload",
+        )
+        for i in ids
+    ]
+    answer = orjson.dumps(
+        {"results": [{"qid": 0, "offset": n, "duplicate": False} for n in range(batch_size)]}
+    )
+
+    def transport() -> httpx.MockTransport:
+        return httpx.MockTransport(lambda request: httpx.Response(200, content=answer))
+
+    options = SinkOptions.create(
+        url="http://sink-bench", topic="t", key_col="key", order_col="seq", id_cols=("id",)
+    )
+    options = options.replace(batch_size=batch_size)
+    encoder = RowEncoder(schema, "key", ("id",), None, "seq")
+    types = [pa.int64(), pa.string(), pa.int64(), pa.timestamp("us", tz="UTC")]
+    types += [pa.decimal128(8, 2), pa.string()]
+    table_ = pa.Table.from_arrays(
+        [pa.array(column, t) for column, t in zip(zip(*data, strict=True), types, strict=True)],
+        names=[n for n, _ in fields],
+    )
+    batches = table_.to_batches(max_chunksize=10_000)
+    out = []
+    for name, run in (
+        ("row path", lambda w: w.write(data)),
+        ("arrow path", lambda w: w.write_converted(ArrowRows(schema, 2).rows(batches))),
+    ):
+        writer = PartitionWriter(options, encoder, transport=transport())
+        wall, cpu = time.perf_counter(), time.process_time()
+        run(writer)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        out.append({"path": name, "rows_per_s": rows / wall, "cpu_us_per_row": cpu / rows * 1e6})
+        progress(f"client only, {name}: {rows / wall:,.0f} rows/s, {cpu / rows * 1e6:.1f} µs CPU")
+    return out
+
+
 def main() -> None:
     parser = arg_parser(__doc__, "100k rows, 1 round")
     parser.add_argument("--sizes", default=None, help="rows per size (default 200000,1000000)")
@@ -193,7 +259,22 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--extras", action="store_true", help="also unordered and rewrite")
     parser.add_argument("--url", default=None, help="use this server instead of starting one")
+    parser.add_argument(
+        "--client-only", action="store_true", help="the sink's own cost per row (no Spark)"
+    )
     args = parser.parse_args()
+    if args.client_only:
+        size = int((args.sizes or "200000").split(",")[0])
+        rows = client_only(size, args.keys, args.batch_size)
+        columns = [
+            ("path", lambda r: r["path"]),
+            ("rows/s (one thread)", lambda r: f"{r['rows_per_s']:,.0f}"),
+            ("µs CPU per row", lambda r: f"{r['cpu_us_per_row']:.1f}"),
+        ]
+        header = f"## Spark sink, client only: {size:,} rows, batch_size {args.batch_size}"
+        out = {"machine": machine_facts(), "client_only": rows}
+        finish(out, args, "spark_sink", f"{header}\n\n{table(columns, rows)}")
+        return
     args.rounds = args.rounds or (1 if args.quick else 3)
     sizes = [
         int(s) for s in (args.sizes or ("100000" if args.quick else "200000,1000000")).split(",")
