@@ -175,8 +175,8 @@ def write_with_options(
 
 def _has_pandas() -> bool:
     """PySpark refuses ``mapInArrow`` without pandas (it builds the function as a pandas UDF,
-    though no pandas code runs on it); the row path needs neither."""
-    return importlib.util.find_spec("pandas") is not None
+    though no pandas code runs on it) and pyarrow; the row path needs neither."""
+    return all(importlib.util.find_spec(m) is not None for m in ("pandas", "pyarrow"))
 
 
 class ForeachBatchWriter:
