@@ -2,7 +2,9 @@
 
 Runs on executors. Batches of a partition are sent strictly one after another and a batch
 is sent only after the previous one was acknowledged, so the order in which a key's rows
-arrive here is the order in which they are stored.
+arrive here is the order in which they are stored. The request runs on a sender thread
+while the next batch is encoded, so the worker does not sit idle while the server stores a
+batch.
 
 Message ids: ``<id_prefix><digest of the id columns>`` plus ``-<n>`` for the n-th (n >= 1)
 identical row of a key. Counting identical rows per key keeps genuine repeats as distinct
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -28,7 +31,7 @@ from spark_sink.errors import (
     UngroupedInputError,
 )
 from spark_sink.options import SinkOptions
-from spark_sink.producer import Producer
+from spark_sink.producer import Producer, ProduceResult
 from spark_sink.rowjson import RowEncoder
 
 log = logging.getLogger(__name__)
@@ -107,7 +110,10 @@ class PartitionWriter:
         headers = dict(options.headers)
         self._headers = headers or None
         self._check_groups = encoder.ids_from_whole_row
-        self._order_index = encoder.order_index if options.verify_order else None
+        self._verify = options.verify_order and encoder.order_index is not None
+        self._id_prefix = options.id_prefix
+        self._max_message_bytes = options.max_message_bytes
+        self._pending: Future[list[ProduceResult]] | None = None
         # Per-key state, reset when the key changes.
         self._started = False
         self._current_key: str | None = None
@@ -117,6 +123,15 @@ class PartitionWriter:
 
     def write(self, rows: Iterable[Sequence[Any]]) -> WriteSummary:
         """Send every row; returns this partition's summary or raises on a fatal error."""
+        encoder, order_index = self._encoder, self._encoder.order_index
+        if order_index is None:
+            return self.write_converted((encoder.convert(row), None) for row in rows)
+        return self.write_converted((encoder.convert(row), row[order_index]) for row in rows)
+
+    def write_converted(self, items: Iterable[tuple[Sequence[Any], Any]]) -> WriteSummary:
+        """Send rows given as (every column converted by the encoder's rules, the raw
+        ``order_col`` value or None): what :meth:`write` does after converting, and what the
+        Arrow path (:mod:`spark_sink.columns`) feeds directly."""
         stats = dict.fromkeys((f.name for f in fields(WriteSummary)), 0)
         stats["partitions"] = 1
         batch: list[bytes] = []
@@ -124,32 +139,63 @@ class PartitionWriter:
         kwargs: dict[str, Any] = {"transport": self._transport}
         if self._sleep is not None:
             kwargs["sleep"] = self._sleep
-        with Producer(self._options, **kwargs) as producer:
-            for row in rows:
-                stats["rows"] += 1
-                message = self._encode(row)
-                if message is None:
-                    stats["skipped"] += 1
-                    continue
-                if batch and batch_bytes + len(message) + 1 > self._options.max_request_bytes:
-                    self._flush(producer, batch, stats)
-                    batch, batch_bytes = [], _REQUEST_OVERHEAD
-                batch.append(message)
-                batch_bytes += len(message) + 1
-                # Flush as soon as a batch is full rather than when the next row arrives:
-                # the next row may take long to compute upstream.
-                if len(batch) >= self._options.batch_size:
-                    self._flush(producer, batch, stats)
-                    batch, batch_bytes = [], _REQUEST_OVERHEAD
-            if batch:
-                self._flush(producer, batch, stats)
+        max_request_bytes, batch_size = self._options.max_request_bytes, self._options.batch_size
+        encode = self._encode
+        # One sender thread: a batch is sent while the next one is encoded here. Still one
+        # request at a time, and a batch is sent only after the previous one was acknowledged
+        # (and its on_batch hook ran), so order, retries and the hook's view are unchanged.
+        with (
+            Producer(self._options, **kwargs) as producer,
+            ThreadPoolExecutor(1, thread_name_prefix="cproxy-sink-send") as sender,
+        ):
+            try:
+                for converted, order_value in items:
+                    stats["rows"] += 1
+                    message = encode(converted, order_value)
+                    if message is None:
+                        stats["skipped"] += 1
+                        continue
+                    if batch and batch_bytes + len(message) + 1 > max_request_bytes:
+                        self._flush(sender, producer, batch, stats)
+                        batch, batch_bytes = [], _REQUEST_OVERHEAD
+                    batch.append(message)
+                    batch_bytes += len(message) + 1
+                    # Flush as soon as a batch is full rather than when the next row arrives:
+                    # the next row may take long to compute upstream.
+                    if len(batch) >= batch_size:
+                        self._flush(sender, producer, batch, stats)
+                        batch, batch_bytes = [], _REQUEST_OVERHEAD
+                if batch:
+                    self._flush(sender, producer, batch, stats)
+                self._settle(stats)
+            finally:
+                # On an error here, let the batch in flight finish before the task fails, so
+                # what is stored when the error surfaces no longer changes.
+                pending, self._pending = self._pending, None
+                if pending is not None:
+                    wait([pending])
             stats["retries"] = producer.retries
         summary = WriteSummary(**stats)
         log.info("partition %d written: %s", self._partition_id, summary)
         return summary
 
-    def _flush(self, producer: Producer, batch: list[bytes], stats: dict[str, int]) -> None:
-        results = producer.send(batch)
+    def _flush(
+        self,
+        sender: ThreadPoolExecutor,
+        producer: Producer,
+        batch: list[bytes],
+        stats: dict[str, int],
+    ) -> None:
+        """Start sending ``batch`` once the previous batch is acknowledged."""
+        self._settle(stats)
+        self._pending = sender.submit(producer.send, batch)
+
+    def _settle(self, stats: dict[str, int]) -> None:
+        """Wait for the batch in flight, count it and run the ``on_batch`` hook."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        results = pending.result()
         duplicates = sum(1 for r in results if r.duplicate)
         stats["sent"] += len(results)
         stats["duplicates"] += duplicates
@@ -166,10 +212,9 @@ class PartitionWriter:
                 )
             )
 
-    def _encode(self, row: Sequence[Any]) -> bytes | None:
-        """One row as an encoded message, or ``None`` when a null key is skipped."""
+    def _encode(self, converted: Sequence[Any], order_value: Any) -> bytes | None:
+        """One converted row as an encoded message, or ``None`` when a null key is skipped."""
         encoder = self._encoder
-        converted = encoder.convert(row)
         key = encoder.key(converted)
         if key is None:
             if self._options.null_keys == "error":
@@ -182,10 +227,10 @@ class PartitionWriter:
                 return None
         if not self._started or key != self._current_key:
             self._start_key(key)
-        if self._order_index is not None:
-            self._verify_order(key, row[self._order_index])
+        if self._verify:
+            self._verify_order(key, order_value)
         digest = encoder.digest(converted)
-        message_id = self._options.id_prefix + digest
+        message_id = self._id_prefix + digest
         if self._check_groups:
             seen = self._occurrences.get(digest, 0)
             self._occurrences[digest] = seen + 1
@@ -195,10 +240,10 @@ class PartitionWriter:
         if self._headers is not None:
             message["headers"] = self._headers
         encoded = orjson.dumps(message)
-        if len(encoded) > self._options.max_message_bytes:
+        if len(encoded) > self._max_message_bytes:
             raise MessageTooLargeError(
                 f"cproxy sink: a row with key {key!r} encodes to {len(encoded)} bytes, over "
-                f"max_message_bytes={self._options.max_message_bytes}"
+                f"max_message_bytes={self._max_message_bytes}"
             )
         return encoded
 
@@ -206,7 +251,7 @@ class PartitionWriter:
         if self._started:
             self._closed_keys.add(self._current_key)
         self._started = True
-        if (self._check_groups or self._order_index is not None) and key in self._closed_keys:
+        if (self._check_groups or self._verify) and key in self._closed_keys:
             raise UngroupedInputError(
                 f"cproxy sink: rows of key {key!r} are not contiguous in partition "
                 f"{self._partition_id}; write through write_dataframe(), or call "

@@ -28,7 +28,7 @@ Converter = Callable[[Any], Any]
 #: Bumping this changes every derived id; never do it silently (it breaks dedup of re-runs).
 ID_SCHEME = b"cproxy-spark-id-v1\x00"
 
-_IDENTITY_TYPES = frozenset(
+IDENTITY_TYPES = frozenset(
     ["string", "boolean", "byte", "short", "integer", "long", "float", "double", "null"]
 )
 
@@ -115,7 +115,7 @@ def build_converter(spark_type: Any) -> Converter | None:
     """Converter for one Spark type in JSON form; ``None`` means the value is used as is."""
     if isinstance(spark_type, str):
         name = spark_type.lower()
-        if name in _IDENTITY_TYPES or name.startswith(("char(", "varchar(")):
+        if name in IDENTITY_TYPES or name.startswith(("char(", "varchar(")):
             return None
         if name.startswith("decimal"):
             return _convert_decimal
@@ -180,6 +180,8 @@ class RowEncoder:
             tuple(body_cols or ()) or None,
             order_col,
         )
+        #: The schema (JSON form) the encoder was built for.
+        self.schema_json: Mapping[str, Any] = self._state[0]
         fields = schema_json["fields"]
         self.names: tuple[str, ...] = tuple(f["name"] for f in fields)
         position = {name: i for i, name in enumerate(self.names)}
@@ -188,6 +190,8 @@ class RowEncoder:
         self.order_index = None if order_col is None else position[order_col]
         body = body_cols or self.names
         self._body = [(name, position[name]) for name in body]
+        # The common case (every column, in order) builds the body dict in C.
+        self._whole_row_body = [name for name, _ in self._body] == list(self.names)
         self._id_indices = [position[name] for name in (id_cols or self.names)]
         #: True when ids come from whole rows, so identical rows need occurrence numbers.
         self.ids_from_whole_row = id_cols is None
@@ -207,6 +211,8 @@ class RowEncoder:
         return None if value is None else key_text(value)
 
     def body(self, converted: Sequence[Any]) -> dict[str, Any]:
+        if self._whole_row_body:
+            return dict(zip(self.names, converted, strict=True))
         return {name: converted[i] for name, i in self._body}
 
     def digest(self, converted: Sequence[Any]) -> str:

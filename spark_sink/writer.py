@@ -6,10 +6,13 @@ core install; only calling into Spark requires the ``spark`` extra.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, fields
 from typing import TYPE_CHECKING, Any
 
+from spark_sink.columns import ArrowRows, arrow_supported
 from spark_sink.executors import check_executors
 from spark_sink.options import SinkOptions
 from spark_sink.partition import BatchHook, PartitionWriter, WriteSummary
@@ -60,7 +63,8 @@ def quote_column(name: str) -> str:
 
 
 class PartitionJob:
-    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``)."""
+    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``): the row
+    path, for schemas the Arrow path does not take."""
 
     def __init__(
         self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
@@ -72,6 +76,34 @@ class PartitionJob:
     def __call__(self, partition_id: int, rows: Iterable[Sequence[Any]]) -> Iterator[WriteSummary]:
         writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
         yield writer.write(rows)
+
+
+#: The one row an :class:`ArrowPartitionJob` returns: its partition's :class:`WriteSummary`.
+SUMMARY_DDL = ", ".join(f"{f.name} long" for f in fields(WriteSummary))
+
+
+class ArrowPartitionJob:
+    """The picklable function Spark runs per partition with ``mapInArrow``: Arrow record
+    batches in (columns converted at once, see :mod:`spark_sink.columns`), one record batch
+    with the partition's summary out."""
+
+    def __init__(
+        self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
+    ) -> None:
+        self.options = options
+        self.encoder = encoder
+        self.on_batch = on_batch
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa  # type: ignore[import-untyped]
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        partition_id = context.partitionId() if context is not None else 0
+        writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
+        rows = ArrowRows(self.encoder.schema_json, self.encoder.order_index).rows(batches)
+        summary = writer.write_converted(rows)
+        yield pa.RecordBatch.from_pylist([asdict(summary)])
 
 
 def write_dataframe(
@@ -127,10 +159,24 @@ def write_with_options(
         options.order_col,
     )
     prepared = prepare(df, options.key_col, options.order_col, options.num_partitions)
-    job = PartitionJob(options, encoder, on_batch)
-    summary = WriteSummary.total(prepared.rdd.mapPartitionsWithIndex(job).collect())
+    if arrow_supported(df.schema.jsonValue()) and _has_pandas():
+        arrow_job = ArrowPartitionJob(options, encoder, on_batch)
+        # Positional names: PySpark's mapInArrow resolves every column by name, and a name
+        # such as "a.b" would resolve as a struct field. The job works by position.
+        positional = prepared.toDF(*(f"_{i}" for i in range(len(df.columns))))
+        rows = positional.mapInArrow(arrow_job, SUMMARY_DDL).collect()
+        summary = WriteSummary.total(WriteSummary(**row.asDict()) for row in rows)
+    else:
+        job = PartitionJob(options, encoder, on_batch)
+        summary = WriteSummary.total(prepared.rdd.mapPartitionsWithIndex(job).collect())
     log.info("wrote to topic %s: %s", options.topic, summary)
     return summary
+
+
+def _has_pandas() -> bool:
+    """PySpark refuses ``mapInArrow`` without pandas (it builds the function as a pandas UDF,
+    though no pandas code runs on it) and pyarrow; the row path needs neither."""
+    return all(importlib.util.find_spec(m) is not None for m in ("pandas", "pyarrow"))
 
 
 class ForeachBatchWriter:

@@ -1,0 +1,422 @@
+"""The client side of :mod:`benchmarks.peers`: one producer or consumer per process, for
+cproxy (plain pullers or the SDK's ``AsyncConsumer``), Redis Streams and NATS JetStream.
+
+Every child builds its messages (or connects) first, waits at the run's barrier, works until
+the parent sets ``stop`` (or, for producers, until its share is sent), and reports its CPU
+seconds since the barrier. Consumers publish their progress in shared arrays (one slot per
+consumer, written only by that consumer): first deliveries of all messages and of healthy
+ones, and the monotonic time of the latest of each, so the parent sees the exact moment the
+last message arrived without any message passing on the hot path.
+
+Message ``i`` has key ``k{i % keys}`` and the JSON body ``{"k": key index, "s": i // keys,
+"p": padding}`` of ``body_bytes``; producer ``p`` sends the messages with ``i % producers ==
+p`` in order, so each key has one producer and per-key order is the send order. A key is
+*stalled* when its index is a multiple of ``stall_every``. In a stall run, cproxy pullers
+never ack a stalled message (it stays in flight), the SDK handler raises (it is failed on
+every delivery), and a Redis or NATS partition consumer stops at it for good, as an ordered
+consumer of a partition must (it may not skip the message and may not pass it).
+
+The redis and nats clients are imported inside the functions that use them, so this module
+imports without the ``bench`` extra.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing.synchronize
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import SynchronizedArray
+from typing import Any
+
+import orjson
+
+from benchmarks.harness.load import run_loop
+from consumer_sdk import AsyncClient, AsyncConsumer, Message, QueueResult
+from cproxy.placement import queue_for_key
+
+GROUP = "g"
+TOPIC = "bench"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The issue 13 workload; every system gets the same messages."""
+
+    messages: int = 200_000
+    keys: int = 10_000
+    partitions: int = 8
+    batch: int = 100
+    producers: int = 4
+    consumers: int = 4
+    body_bytes: int = 200
+    stall_every: int = 100
+
+    def stalled(self, k: int) -> bool:
+        return k % self.stall_every == 0
+
+    @property
+    def healthy(self) -> int:
+        """Messages of keys that never stall."""
+        return sum(1 for i in range(self.messages) if not self.stalled(i % self.keys))
+
+    def partition(self, k: int) -> int:
+        """Kafka's murmur2 placement of key ``k{k}``, as cproxy places it."""
+        return queue_for_key(f"k{k}", self.partitions)
+
+    def body(self, i: int, pad: str) -> bytes:
+        return orjson.dumps({"k": i % self.keys, "s": i // self.keys, "p": pad})
+
+    def pad(self) -> str:
+        return "x" * max(0, self.body_bytes - len(self.body(self.messages, "")))
+
+    def share(self, producer: int) -> list[int]:
+        return list(range(producer, self.messages, self.producers))
+
+    def owned(self, consumer: int) -> list[int]:
+        """Partitions that consumer ``consumer`` reads (one ordered reader per partition)."""
+        return [p for p in range(self.partitions) if p % self.consumers == consumer]
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    system: str  # redis | nats | cproxy-pull | cproxy-sdk
+    role: str  # producer | consumer
+    index: int
+    address: str  # URL (cproxy, nats) or host:port (redis)
+    workload: Workload
+    stall: bool
+
+
+@dataclass
+class Shared:
+    """What the parent and the children of one run share."""
+
+    barrier: multiprocessing.synchronize.Barrier
+    stop: Any  # multiprocessing RawValue("b"): 1 = stop now
+    all_count: SynchronizedArray[int]
+    healthy_count: SynchronizedArray[int]
+    all_at: SynchronizedArray[float]
+    healthy_at: SynchronizedArray[float]
+    reports: Any  # multiprocessing Queue of (role, index, cpu seconds, order violations)
+
+
+class Tally:
+    """One consumer's view: counts first deliveries into its slots of the shared arrays."""
+
+    def __init__(self, spec: ChildSpec, shared: Shared) -> None:
+        self.wl, self.stall, self.slot, self.shared = spec.workload, spec.stall, spec.index, shared
+        self.last_seq: dict[int, int] = {}
+        self.violations = 0
+        self.all = self.healthy = 0
+
+    def see(self, k: int, s: int, first: bool = True) -> bool:
+        """Record one delivery; False when the consumer must hold it (a stall run's stalled
+        key), True when it is to be acked."""
+        if self.last_seq.get(k, -1) > s:
+            self.violations += 1
+        self.last_seq[k] = s
+        now = time.monotonic()
+        bad = self.wl.stalled(k)
+        if first:
+            self.all += 1
+            self.shared.all_count[self.slot] = self.all
+            self.shared.all_at[self.slot] = now
+            if not bad:
+                self.healthy += 1
+                self.shared.healthy_count[self.slot] = self.healthy
+                self.shared.healthy_at[self.slot] = now
+        return not (bad and self.stall)
+
+    def see_json(self, data: bytes) -> bool:
+        body = orjson.loads(data)
+        return self.see(body["k"], body["s"])
+
+
+def child_main(spec: ChildSpec, shared: Shared) -> None:
+    """Process entry point."""
+    logging.basicConfig(level=logging.ERROR)
+    run_loop(lambda: _child(spec, shared))
+
+
+async def _child(spec: ChildSpec, shared: Shared) -> None:
+    wl = spec.workload
+    stop = asyncio.Event()
+    if spec.role == "producer":
+        pad = wl.pad()
+        messages = [(i, wl.partition(i % wl.keys), wl.body(i, pad)) for i in wl.share(spec.index)]
+        batches = [messages[b : b + wl.batch] for b in range(0, len(messages), wl.batch)]
+        work: Callable[[], Any] = {
+            "redis": produce_redis,
+            "nats": produce_nats,
+        }.get(spec.system, produce_cproxy)(spec, batches)
+    else:
+        tally = Tally(spec, shared)
+        work = {
+            "redis": consume_redis,
+            "nats": consume_nats,
+            "cproxy-pull": consume_cproxy_pull,
+            "cproxy-sdk": consume_cproxy_sdk,
+        }[spec.system](spec, tally, stop)
+    await work()  # connect
+    await asyncio.to_thread(shared.barrier.wait)
+    cpu = time.process_time()
+    if spec.role == "producer":
+        await work()
+    else:
+        watcher = asyncio.create_task(_watch(shared, stop))
+        await work()
+        await watcher
+    cpu = time.process_time() - cpu
+    violations = 0 if spec.role == "producer" else tally.violations
+    shared.reports.put((spec.role, spec.index, cpu, violations))
+
+
+async def _watch(shared: Shared, stop: asyncio.Event) -> None:
+    # A flag, not a multiprocessing Event: setting an Event waits for every process that
+    # sleeps on it, and hangs for good when one of them died.
+    while True:
+        if shared.stop.value:
+            stop.set()
+            return
+        await asyncio.sleep(0.02)
+
+
+Batches = list[list[tuple[int, int, bytes]]]  # (message index, partition, body JSON)
+
+
+def _two_step(connect: Callable[[], Any], run: Callable[[], Any]) -> Callable[[], Any]:
+    """A callable whose first call connects and second call runs."""
+    steps = iter((connect, run))
+
+    def step() -> Any:
+        return next(steps)()
+
+    return step
+
+
+async def _until_stopped(stop: asyncio.Event, *loops: Any) -> None:
+    """Run ``loops`` (one per partition) until ``stop``; a loop that blocked stays parked."""
+    tasks = [asyncio.create_task(loop) for loop in loops]
+    await stop.wait()
+    for t in tasks:
+        t.cancel()
+    for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            raise outcome
+
+
+# -- cproxy --------------------------------------------------------------------------------------
+def produce_cproxy(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+    client = AsyncClient(spec.address, timeout_ms=120_000)
+    keys = spec.workload.keys
+    encoded = [
+        [b'{"key":"k%d","body":%s}' % (i % keys, body) for i, _, body in batch] for batch in batches
+    ]
+
+    async def connect() -> None:
+        await client.list_topics()  # opens the connection
+
+    async def run() -> None:
+        async with client:
+            for batch in encoded:
+                await client.produce_encoded(TOPIC, batch)
+
+    return _two_step(connect, run)
+
+
+def consume_cproxy_pull(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+    """A plain puller: ``max_messages`` = batch, acks ride on the next pull."""
+    client = AsyncClient(spec.address, timeout_ms=120_000)
+
+    async def connect() -> None:
+        await client.list_topics()
+
+    async def loop() -> None:
+        results: list[QueueResult] = []
+        while True:
+            pulled = await client.pull(
+                GROUP, max_messages=spec.workload.batch, wait_ms=1000, results=results
+            )
+            acks: dict[tuple[str, int], list[int]] = {}
+            for m in pulled.messages:
+                if tally.see(m.body["k"], m.body["s"], m.attempt == 1):
+                    acks.setdefault((m.topic, m.qid), []).append(m.offset)
+            results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
+
+    async def run() -> None:
+        async with client:
+            await _until_stopped(stop, loop())
+
+    return _two_step(connect, run)
+
+
+class _Stalled(Exception):
+    """Raised by the SDK handler for a stalled key: the message is failed, and retried."""
+
+
+def consume_cproxy_sdk(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+    async def handle(msg: Message) -> None:
+        if not tally.see(msg.body["k"], msg.body["s"], msg.attempt == 1):
+            raise _Stalled
+
+    consumer = AsyncConsumer(
+        spec.address,
+        group=GROUP,
+        topics=[TOPIC],
+        handler=handle,
+        max_messages=spec.workload.batch,
+        handle_signals=False,
+    )
+
+    async def connect() -> None:
+        pass  # the consumer connects when started; starting it would start pulling
+
+    async def run() -> None:
+        async with consumer:
+            await stop.wait()
+
+    return _two_step(connect, run)
+
+
+# -- Redis Streams -------------------------------------------------------------------------------
+def _redis(address: str) -> Any:
+    import redis.asyncio
+
+    host, port = address.rsplit(":", 1)
+    return redis.asyncio.Redis(host=host, port=int(port), max_connections=64)
+
+
+def produce_redis(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+    """XADD of each batch in one pipeline (no transaction): one round trip per batch."""
+    r = _redis(spec.address)
+
+    async def run() -> None:
+        async with r:
+            for batch in batches:
+                pipe = r.pipeline(transaction=False)
+                for i, p, body in batch:
+                    pipe.xadd(f"p{p}", {"key": f"k{i % spec.workload.keys}", "body": body})
+                await pipe.execute()
+
+    return _two_step(r.ping, run)
+
+
+def consume_redis(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+    """One XREADGROUP loop per owned stream; its XACKs ride in the pipeline of the next read."""
+    r = _redis(spec.address)
+
+    async def loop(stream: str) -> None:
+        done: list[bytes] = []
+        while True:
+            pipe = r.pipeline(transaction=False)
+            if done:
+                pipe.xack(stream, GROUP, *done)
+            pipe.xreadgroup(GROUP, "c", {stream: ">"}, count=spec.workload.batch, block=1000)
+            answer = (await pipe.execute())[-1]
+            done = []
+            for _, entries in answer or ():
+                for entry_id, fields in entries:
+                    if not tally.see_json(fields[b"body"]):
+                        if done:
+                            await r.xack(stream, GROUP, *done)
+                        await asyncio.Event().wait()  # blocked for good on this partition
+                    done.append(entry_id)
+
+    async def run() -> None:
+        async with r:
+            owned = spec.workload.owned(spec.index)
+            await _until_stopped(stop, *(loop(f"p{p}") for p in owned))
+
+    return _two_step(r.ping, run)
+
+
+def setup_redis(address: str, wl: Workload) -> None:
+    import redis
+
+    host, port = address.rsplit(":", 1)
+    with redis.Redis(host=host, port=int(port)) as r:
+        for p in range(wl.partitions):
+            r.xgroup_create(f"p{p}", GROUP, id="0", mkstream=True)
+
+
+# -- NATS JetStream ------------------------------------------------------------------------------
+def produce_nats(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+    """Each batch as asynchronous JetStream publishes, then wait for all their acks."""
+    import nats
+
+    conn: list[Any] = []
+
+    async def connect() -> None:
+        conn.append(await nats.connect(spec.address))
+
+    async def run() -> None:
+        nc = conn[0]
+        js = nc.jetstream(publish_async_max_pending=4 * spec.workload.batch)
+        try:
+            for batch in batches:
+                acks = [await js.publish_async(f"bench.{p}", body) for _, p, body in batch]
+                await asyncio.gather(*acks)
+        finally:
+            await nc.close()
+
+    return _two_step(connect, run)
+
+
+def consume_nats(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+    """One pull consumer (ack policy *all*) per owned stream: fetch a batch, handle it in
+    order, ack its last message."""
+    import nats
+    import nats.errors
+
+    conn: list[Any] = []
+
+    async def connect() -> None:
+        conn.append(await nats.connect(spec.address))
+
+    async def loop(p: int) -> None:
+        sub = await conn[0].jetstream().pull_subscribe_bind(GROUP, stream=f"P{p}")
+        while True:
+            try:
+                msgs = await sub.fetch(spec.workload.batch, timeout=1.0)
+            except nats.errors.TimeoutError:
+                continue
+            last = None
+            for m in msgs:
+                if not tally.see_json(m.data):
+                    if last is not None:
+                        await last.ack()
+                    await asyncio.Event().wait()  # blocked for good on this partition
+                last = m
+            if last is not None:
+                await last.ack()
+
+    async def run() -> None:
+        try:
+            await _until_stopped(stop, *(loop(p) for p in spec.workload.owned(spec.index)))
+        finally:
+            await conn[0].close()
+
+    return _two_step(connect, run)
+
+
+async def setup_nats(url: str, wl: Workload) -> None:
+    """A file-backed stream per partition, each with one durable pull consumer."""
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig, StorageType
+
+    nc = await nats.connect(url)
+    try:
+        js = nc.jetstream()
+        for p in range(wl.partitions):
+            await js.add_stream(name=f"P{p}", subjects=[f"bench.{p}"], storage=StorageType.FILE)
+            config = ConsumerConfig(
+                durable_name=GROUP, ack_policy=AckPolicy.ALL, max_ack_pending=wl.messages
+            )
+            await js.add_consumer(f"P{p}", config)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.close()

@@ -1,0 +1,162 @@
+"""Arrow record batches to converted rows: the fast input path of ``write_dataframe``.
+
+``mapInArrow`` hands each task its partition as Arrow record batches, which is much cheaper
+than Spark pickling one ``Row`` per row for a Python worker. Here each column of a batch is
+converted at once, by the same rules as :mod:`spark_sink.rowjson` (so bodies, keys and
+message ids are identical to the row path's), and rows are zipped from the columns.
+
+Only types whose Arrow form is known to convert identically take this path
+(:func:`arrow_supported`); a schema with anything else (intervals, variant, UDTs) is written
+through the row path. pyarrow is imported by the functions that need it (executors have it
+with the ``spark`` extra).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from spark_sink.rowjson import IDENTITY_TYPES, Converter, build_converter
+
+#: Converts one Arrow array into the column's converted Python values.
+ColumnConverter = Callable[[Any], list[Any]]
+
+_SCALARS = frozenset([*IDENTITY_TYPES, "date", "timestamp", "timestamp_ntz", "binary"])
+
+
+def arrow_supported(spark_type: Any) -> bool:
+    """True when every (nested) type of ``spark_type`` (JSON form) converts on this path."""
+    if isinstance(spark_type, str):
+        name = spark_type.lower()
+        return name in _SCALARS or name.startswith(("decimal", "char(", "varchar("))
+    kind = spark_type.get("type")
+    if kind == "array":
+        return arrow_supported(spark_type["elementType"])
+    if kind == "map":
+        return arrow_supported(spark_type["keyType"]) and arrow_supported(spark_type["valueType"])
+    if kind == "struct":
+        return all(arrow_supported(f["type"]) for f in spark_type["fields"])
+    return False
+
+
+def _timestamps(array: Any) -> list[Any]:
+    import pyarrow as pa  # type: ignore[import-untyped]
+    import pyarrow.compute as pc  # type: ignore[import-untyped]
+
+    # Spark's Arrow timestamps hold UTC instants (tagged with the session time zone);
+    # untagged they format as UTC. Arrow's %S prints the microseconds for a timestamp[us],
+    # so this is isoformat(timespec="microseconds") + "Z", the row path's text, in C++.
+    naive = array.cast(pa.timestamp("us"))
+    values: list[Any] = pc.strftime(naive, format="%Y-%m-%dT%H:%M:%SZ").to_pylist()
+    return values
+
+
+def _timestamps_ntz(array: Any) -> list[Any]:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    naive = array.cast(pa.timestamp("us"))
+    values: list[Any] = pc.strftime(naive, format="%Y-%m-%dT%H:%M:%S").to_pylist()
+    return values
+
+
+def _dates(array: Any) -> list[Any]:
+    import pyarrow as pa
+
+    # Arrow prints dates as ISO 8601 with a 4-digit year, as date.isoformat() does.
+    values: list[Any] = array.cast(pa.string()).to_pylist()
+    return values
+
+
+def _plain(array: Any) -> list[Any]:
+    return list(array.to_pylist())
+
+
+def _each(convert: Converter) -> ColumnConverter:
+    return lambda array: [convert(v) for v in array.to_pylist()]
+
+
+def _map_pairs(spark_type: Any) -> Converter | None:
+    """Arrow gives a map as a list of (key, value) pairs where a Row holds a dict: this
+    turns pairs into dicts at every nesting level (None: the type holds no map)."""
+    if isinstance(spark_type, str):
+        return None
+    kind = spark_type.get("type")
+    if kind == "array":
+        inner = _map_pairs(spark_type["elementType"])
+        if inner is None:
+            return None
+        return lambda v: None if v is None else [inner(x) for x in v]
+    if kind == "map":
+        key, val = _map_pairs(spark_type["keyType"]), _map_pairs(spark_type["valueType"])
+        return lambda v: (
+            None
+            if v is None
+            else {(k if key is None else key(k)): (x if val is None else val(x)) for k, x in v}
+        )
+    if kind == "struct":
+        names = [f["name"] for f in spark_type["fields"]]
+        inner_fields = [_map_pairs(f["type"]) for f in spark_type["fields"]]
+        if all(f is None for f in inner_fields):
+            return None
+        return lambda v: (
+            None
+            if v is None
+            else {
+                n: (v[n] if f is None else f(v[n]))
+                for n, f in zip(names, inner_fields, strict=True)
+            }
+        )
+    return None
+
+
+def column_converter(spark_type: Any) -> ColumnConverter:
+    """The converter of one column of an :func:`arrow_supported` type."""
+    if isinstance(spark_type, str):
+        name = spark_type.lower()
+        if name == "timestamp":
+            return _timestamps
+        if name == "timestamp_ntz":
+            return _timestamps_ntz
+        if name == "date":
+            return _dates
+    convert = build_converter(spark_type)
+    pairs = _map_pairs(spark_type)
+    if pairs is not None:
+        after = convert
+        return lambda array: [
+            after(pairs(v)) if after is not None else pairs(v) for v in array.to_pylist()
+        ]
+    return _plain if convert is None else _each(convert)
+
+
+class ArrowRows:
+    """Converted rows from record batches of one schema (JSON form), in batch order."""
+
+    def __init__(self, schema_json: Mapping[str, Any], order_index: int | None) -> None:
+        self._converters = [column_converter(f["type"]) for f in schema_json["fields"]]
+        self._order_index = order_index
+
+    def rows(self, batches: Iterable[Any]) -> Iterator[tuple[Sequence[Any], Any]]:
+        """(converted row, raw ``order_col`` value or None) per row, for
+        :meth:`~spark_sink.partition.PartitionWriter.write_converted`."""
+        for batch in batches:
+            columns = [conv(batch.column(i)) for i, conv in enumerate(self._converters)]
+            converted = zip(*columns, strict=True)
+            if self._order_index is None:
+                for row in converted:
+                    yield row, None
+            else:
+                order = _order_values(batch.column(self._order_index))
+                yield from zip(converted, order, strict=True)
+
+
+def _order_values(array: Any) -> list[Any]:
+    """The order column as the row path sees it (only compared, never sent). Timestamps
+    compare as instants either way; naive UTC values avoid zone-aware comparisons."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(array.type) and array.type.tz is not None:
+        array = array.cast(pa.timestamp("us"))
+    values: list[Any] = array.to_pylist()
+    return values
