@@ -62,9 +62,8 @@ def quote_column(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class PartitionJob:
-    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``): the row
-    path, for schemas the Arrow path does not take."""
+class _Job:
+    """What Spark pickles to each task: the options, the row encoder and the batch hook."""
 
     def __init__(
         self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
@@ -72,6 +71,11 @@ class PartitionJob:
         self.options = options
         self.encoder = encoder
         self.on_batch = on_batch
+
+
+class PartitionJob(_Job):
+    """The picklable function Spark runs per partition (``mapPartitionsWithIndex``): the row
+    path, for schemas the Arrow path does not take."""
 
     def __call__(self, partition_id: int, rows: Iterable[Sequence[Any]]) -> Iterator[WriteSummary]:
         writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
@@ -82,17 +86,10 @@ class PartitionJob:
 SUMMARY_DDL = ", ".join(f"{f.name} long" for f in fields(WriteSummary))
 
 
-class ArrowPartitionJob:
+class ArrowPartitionJob(_Job):
     """The picklable function Spark runs per partition with ``mapInArrow``: Arrow record
     batches in (columns converted at once, see :mod:`spark_sink.columns`), one record batch
     with the partition's summary out."""
-
-    def __init__(
-        self, options: SinkOptions, encoder: RowEncoder, on_batch: BatchHook | None = None
-    ) -> None:
-        self.options = options
-        self.encoder = encoder
-        self.on_batch = on_batch
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa  # type: ignore[import-untyped]
