@@ -41,6 +41,11 @@ def client(url: str) -> AsyncClient:
     return AsyncClient(url, timeout_ms=TIMEOUT_MS)
 
 
+def as_urls(url: str | Sequence[str]) -> list[str]:
+    """One server's URL, or the proxies of one cluster."""
+    return [url] if isinstance(url, str) else list(url)
+
+
 # -- admin ---------------------------------------------------------------------------------------
 async def create_topic(c: AsyncClient, topic: str, queues: int) -> None:
     await c.create_topic(topic, queues)
@@ -112,19 +117,21 @@ def key_stride(batch: int, keys: int) -> int:
 
 # -- producing -----------------------------------------------------------------------------------
 async def produce(
-    url: str, topic: str, batches: Sequence[Batch], producers: int, stride: int
+    url: str | Sequence[str], topic: str, batches: Sequence[Batch], producers: int, stride: int
 ) -> float:
     """Closed loop: send every batch through ``producers`` clients; returns elapsed seconds.
+    Several URLs (proxies of one cluster): producer ``i`` sends to ``urls[i % len(urls)]``.
 
     Per-key order across concurrent producers: batch ``b`` is sent only once every batch up
     to ``b - stride`` is stored (batches less than ``stride`` apart share no key).
     """
+    urls = as_urls(url)
     it = iter(enumerate(batches))
     stored = [False] * len(batches)
     watermark = 0  # every batch below this one is stored
     changed = asyncio.Condition()
 
-    async def worker() -> None:
+    async def worker(url: str) -> None:
         nonlocal watermark
         async with client(url) as c:
             for b, batch in it:
@@ -141,7 +148,7 @@ async def produce(
                         changed.notify_all()
 
     started = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(producers)))
+    await asyncio.gather(*(worker(urls[i % len(urls)]) for i in range(producers)))
     return time.perf_counter() - started
 
 
@@ -154,7 +161,7 @@ class OpenLoopResult:
 
 
 async def open_loop_produce(
-    url: str,
+    url: str | Sequence[str],
     topic: str,
     rate: float,
     batch: int,
@@ -164,7 +171,8 @@ async def open_loop_produce(
     max_outstanding: int = 64,
 ) -> OpenLoopResult:
     """Send ``rate`` msgs/s in batches of ``batch`` for ``seconds``, never waiting on replies
-    (beyond per-key order and ``max_outstanding`` calls); bodies carry the send time."""
+    (beyond per-key order and ``max_outstanding`` calls); bodies carry the send time. Several
+    URLs: batch ``b`` goes to ``urls[b % len(urls)]``."""
     pad = pad_for(body_bytes)
     n_batches = max(1, round(seconds * rate / batch))
     stride = key_stride(batch, keys)
@@ -172,7 +180,8 @@ async def open_loop_produce(
     outstanding = asyncio.Semaphore(max_outstanding)
     call_ms: list[float] = []
     late = 0
-    async with client(url) as c:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(client(u)) for u in as_urls(url)]
 
         async def send(b: int) -> None:
             if b >= stride:
@@ -183,7 +192,7 @@ async def open_loop_produce(
                 for m in messages:
                     m["body"]["t"] = now
                 t = time.perf_counter()
-                await c.produce(topic, messages)
+                await clients[b % len(clients)].produce(topic, messages)
                 call_ms.append((time.perf_counter() - t) * 1000)
 
         interval = batch / rate
@@ -318,7 +327,7 @@ async def _puller(
 
 
 async def consume(
-    url: str,
+    url: str | Sequence[str],
     group: str,
     healthy_total: int,
     pullers: int,
@@ -338,17 +347,27 @@ async def consume(
     (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
     flight). No policy acks everything. ``started``, if given, is awaited before the clock
     starts (e.g. until long polls are parked). ``max_per_key`` > 1 lets pulls carry
-    same-key runs; the pullers ack whole answers, so a run is handled in order.
+    same-key runs; the pullers ack whole answers, so a run is handled in order. Several URLs
+    (proxies of one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``.
     """
+    urls = as_urls(url)
     stats = ConsumerStats(healthy_total)
     stop = asyncio.Event()
     tasks = [
         asyncio.create_task(
             _puller(
-                url, group, stats, policy, max_messages, wait_ms, record_latency, stop, max_per_key
+                urls[i % len(urls)],
+                group,
+                stats,
+                policy,
+                max_messages,
+                wait_ms,
+                record_latency,
+                stop,
+                max_per_key,
             )
         )
-        for _ in range(pullers)
+        for i in range(pullers)
     ]
     if started is not None:
         await started

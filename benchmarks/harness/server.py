@@ -70,8 +70,14 @@ class ServerProcess:
         config_toml: str = "",
         log_level: str = "warning",
         source: Source | None = None,
+        store: str | None = None,
+        node_id: str | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: ``postgresql://...``: serve on that database as cluster member ``node_id``
+        #: (advertised at this server's URL) instead of on SQLite in ``data_dir``.
+        self.store = store
+        self.node_id = node_id
         data_dir.mkdir(parents=True, exist_ok=True)
         self.config = data_dir.parent / f"{data_dir.name}.toml"
         self.config.write_text(config_toml)
@@ -86,6 +92,9 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "cproxy.cli", "serve", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--data-dir", str(self.data_dir)]
         cmd += ["--config", str(self.config), "--log-level", self.log_level]
+        if self.store is not None:
+            cmd += ["--store", self.store, "--node-id", self.node_id or f"n{self.port}"]
+            cmd += ["--advertise-url", self.url]
         tree = str(self.source.tree)
         path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])
         env = {**os.environ, "PYTHONPATH": path}

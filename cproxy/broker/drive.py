@@ -7,8 +7,9 @@ runner, the engine tests and the benchmarks all read through here.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.group import GroupEngine
@@ -21,6 +22,15 @@ class LogReader(Protocol):
     async def read(
         self, topic: str, qid: int, from_offset: int, max_count: int
     ) -> Sequence[Message]: ...
+
+
+@runtime_checkable
+class ManyReader(Protocol):
+    """A log that reads several queues of a topic in one call (PostgreSQL: one round trip)."""
+
+    async def read_many(
+        self, topic: str, wants: Sequence[tuple[int, int, int]]
+    ) -> Sequence[Sequence[Message]]: ...
 
 
 async def fetch_round(engine: GroupEngine, log: LogReader, now_ms: int) -> int:
@@ -42,6 +52,8 @@ async def fetch_all(engine: GroupEngine, log: LogReader, now_ms: int) -> int:
 
 
 async def _serve(engine: GroupEngine, log: LogReader, requests: Sequence[FetchRequest]) -> int:
+    if len(requests) > 1 and isinstance(log, ManyReader):
+        return await _serve_many(engine, log, requests)
     total = 0
     for i, request in enumerate(requests):
         try:
@@ -54,4 +66,27 @@ async def _serve(engine: GroupEngine, log: LogReader, requests: Sequence[FetchRe
             raise
         engine.on_fetched(request, messages)
         total += len(messages)
+    return total
+
+
+async def _serve_many(
+    engine: GroupEngine, log: ManyReader, requests: Sequence[FetchRequest]
+) -> int:
+    """The reads of each topic in one call; same hand-back and failure rules as ``_serve``."""
+    by_topic: dict[str, list[FetchRequest]] = defaultdict(list)
+    for request in requests:
+        by_topic[request.topic].append(request)
+    total = 0
+    groups = list(by_topic.items())
+    for n, (topic, group) in enumerate(groups):
+        try:
+            read = await log.read_many(topic, [(r.qid, r.from_offset, r.max_count) for r in group])
+        except BaseException:
+            for _, unserved in groups[n:]:
+                for request in unserved:
+                    engine.on_fetch_failed(request)  # reloads are planned again
+            raise
+        for request, messages in zip(group, read, strict=True):
+            engine.on_fetched(request, messages)
+            total += len(messages)
     return total

@@ -1,7 +1,7 @@
 """One proxy's part in a cluster: heartbeat, claim, release and hand over its queues.
 
 ``ClusterNode`` runs beside the broker (``start``/``leave``). Every ``heartbeat_interval_ms``,
-or at once when a peer frees a queue (NOTIFY on ``ownership.CHANNEL``), one *round*:
+or at once when a peer frees a queue or joins (NOTIFY on ``ownership.CHANNEL``), one *round*:
 
 1. heartbeat the membership row and renew the lease of every owned queue, both at the
    database clock; a queue missing from the renewal was taken over: its state is dropped
@@ -12,7 +12,9 @@ or at once when a peer frees a queue (NOTIFY on ``ownership.CHANNEL``), one *rou
    elsewhere *releasing* (hand out nothing new, take results);
 4. hand over each releasing queue whose in-flight messages are all answered (or whose
    ``handover_timeout_ms`` passed): its groups' final progress and the freeing of the row are
-   one transaction (``ownership.hand_over``).
+   one transaction (``ownership.hand_over``). Between rounds, while a queue is releasing, its
+   in-flight count is checked every ``DRAIN_POLL_S``: a planned hand-over completes as soon as
+   the last delivered message is answered, not at the next heartbeat.
 
 The lease is also checked locally on every consumer result (``check_lease``): when the last
 successful renewal began more than ``lease_ms`` ago (a pause, a lost database) results are
@@ -47,6 +49,9 @@ from cproxy.store._pg_sql import APPEND_CHANNEL
 from cproxy.store.postgres import PostgresStore
 
 logger = logging.getLogger(__name__)
+
+#: How often a releasing queue's in-flight count is checked between rounds (in memory, cheap).
+DRAIN_POLL_S = 0.02
 
 
 @dataclass(slots=True)
@@ -100,6 +105,9 @@ class ClusterNode:
         self._broker.check_lease = self.check_lease
         await self._listen()
         await self.round()
+        async with self._store.connection() as conn:
+            # Peers release what the new assignment gives us now, not at their next heartbeat.
+            await ownership.notify_peers(conn, f"join:{self.node_id}")
         self._scope = anyio.CancelScope()
         task_group.start_soon(self._loop, name=f"cluster:{self.node_id}")
         logger.info("node=%s joined the cluster queues=%d", self.node_id, len(self.held))
@@ -135,8 +143,7 @@ class ClusterNode:
         assert self._scope is not None
         with self._scope:
             while True:
-                with anyio.move_on_after(self.settings.heartbeat_interval_ms / 1000):
-                    await self._wake.wait()
+                await self._until_round()
                 self._wake = anyio.Event()
                 try:
                     await self.round()
@@ -144,6 +151,23 @@ class ClusterNode:
                     logger.warning("node=%s cluster round failed: %s", self.node_id, exc)
                 except Exception:
                     logger.exception("node=%s cluster round crashed", self.node_id)
+
+    async def _until_round(self) -> None:
+        """Wait for the next heartbeat or a peer's wake-up; meanwhile hand over each releasing
+        queue as soon as it drained (checked every ``DRAIN_POLL_S``)."""
+        deadline = time.monotonic() + self.settings.heartbeat_interval_ms / 1000
+        while (left := deadline - time.monotonic()) > 0:
+            draining = any(h.releasing_since is not None for h in self.held.values())
+            with anyio.move_on_after(min(left, DRAIN_POLL_S) if draining else left):
+                await self._wake.wait()
+            if self._wake.is_set():
+                return
+            if draining:
+                try:
+                    async with self._round_lock:
+                        await self._hand_over_ready(force=False)
+                except StoreError as exc:
+                    logger.warning("node=%s hand-over failed: %s", self.node_id, exc)
 
     # -- the lease -----------------------------------------------------------------------------
     def lease_valid(self) -> bool:

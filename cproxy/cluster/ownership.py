@@ -69,8 +69,8 @@ _FENCE = (
     " WHERE (tid, qid) IN (SELECT * FROM unnest($1::int[], $2::int[])) FOR SHARE"
 )
 
-#: The channel that tells peers a queue became free (so they claim it without waiting for
-#: their next heartbeat).
+#: The channel that tells peers a queue became free or a member joined (so they claim or
+#: release without waiting for their next heartbeat).
 CHANNEL = "cproxy_cluster"
 
 
@@ -138,7 +138,12 @@ async def hand_over(
         await write_final(conn)
         if await conn.fetchval(_FREE, *queue, node_id, epoch) is None:
             raise QueueNotOwned(f"queue {queue} is not owned by {node_id} at epoch {epoch}", [])
-        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, f"free:{queue[0]}:{queue[1]}")
+        await notify_peers(conn, f"free:{queue[0]}:{queue[1]}")
+
+
+async def notify_peers(conn: Conn, what: str) -> None:
+    """Wake every proxy's next round now (delivered when the caller's transaction commits)."""
+    await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, what)
 
 
 async def stale(conn: Conn, node_id: str, held: dict[TidQid, int]) -> list[TidQid]:

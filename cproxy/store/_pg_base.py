@@ -30,6 +30,14 @@ logger = logging.getLogger(__name__)
 Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Nothing to reset when a connection goes back to the pool: the store leaves no session
+    state behind (only transaction-level advisory locks; no cursors, LISTEN or SET on pooled
+    connections). asyncpg's default reset (``pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;
+    RESET ALL``) is a round trip to the server on every release, as much as some reads cost;
+    an open transaction is still rolled back by asyncpg before this runs."""
+
+
 class PgBase:
     """The pool and the topic cache. ``dsn`` is a libpq URI (``postgresql://user@host/db``).
 
@@ -91,6 +99,7 @@ class PgBase:
                 timeout=self._connect_timeout_s,
                 command_timeout=self._command_timeout_s,
                 server_settings={"synchronous_commit": "on", "application_name": "cproxy"},
+                reset=_keep_session,
             )
         except FOREIGN_ERRORS as exc:
             raise as_store_error(exc) from exc

@@ -31,6 +31,7 @@ from cproxy.store._pg_sql import (
     NOTIFY_APPEND,
     READ_BATCHES,
     READ_FROM_FLOOR,
+    READ_MANY_FROM_FLOOR,
     UPDATE_QUEUES,
 )
 from cproxy.store._records import batch, decode, first_at, narrow, sizes
@@ -277,6 +278,30 @@ class PgLog(PgBase):
         start = rows[0][0]
         batches = [(base, nxt, blob) for _, base, nxt, blob in rows]
         return decode(topic, qid, batches, start, start + max_count)
+
+    async def read_many(
+        self, topic: str, wants: Sequence[tuple[int, int, int]]
+    ) -> list[list[Message]]:
+        """``read(topic, qid, from_offset, max_count)`` for each ``(qid, from_offset,
+        max_count)`` of ``wants``, in one statement (one round trip and one snapshot)."""
+        async with self._conn() as conn:
+            tid, queues = await self._topic(conn, topic)
+            for qid, _, _ in wants:
+                check_qid(topic, qid, queues)
+            rows = await conn.fetch(
+                READ_MANY_FROM_FLOOR, tid, [w[0] for w in wants], [w[1] for w in wants],
+                [max(0, w[2]) for w in wants],
+            )  # fmt: skip
+        found: list[list[tuple[int, int, bytes]]] = [[] for _ in wants]
+        starts = [0] * len(wants)
+        for i, start, base, nxt, blob in rows:
+            starts[i - 1] = start
+            if base is not None:
+                found[i - 1].append((base, nxt, blob))
+        return [
+            decode(topic, qid, found[k], starts[k], starts[k] + n) if found[k] and n > 0 else []
+            for k, (qid, _, n) in enumerate(wants)
+        ]
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
         async with self._conn() as conn:

@@ -47,6 +47,21 @@ READ_FROM_FLOOR = (
     "  ORDER BY base) AS b ON true"
 )
 
+#: Several reads of one topic in one statement (one round trip): ``READ_FROM_FLOOR`` for each
+#: (qid ``$2[i]``, start ``$3[i]``, count ``$4[i]``), rows tagged with ``i`` (1-based).
+READ_MANY_FROM_FLOOR = (
+    "SELECT r.i, q.start, b.base, b.next_off, b.records FROM"
+    " unnest($2::int[], $3::bigint[], $4::int[]) WITH ORDINALITY AS r(qid, off, n, i)"
+    " CROSS JOIN LATERAL (SELECT greatest(r.off, min_offset) AS start FROM queues"
+    "  WHERE tid = $1 AND qid = r.qid) AS q"
+    " LEFT JOIN LATERAL (SELECT base, next_off, records FROM batches"
+    "  WHERE tid = $1 AND qid = r.qid AND base < q.start + r.n"
+    "  AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = r.qid"
+    "  AND base <= q.start ORDER BY base DESC LIMIT 1), q.start)"
+    "  ORDER BY base) AS b ON true"
+    " ORDER BY r.i, b.base"
+)
+
 #: The batch holding offset ``$3`` of queue ($1, $2), if any: the last one starting at or
 #: below it (``_records.Head``; the caller checks ``next_off``).
 BATCH_AT = (

@@ -126,6 +126,13 @@ class Record:
     acked: dict[tuple[int, int], float] = field(default_factory=dict)
     #: acks answered unknown
     unknown: list[tuple[int, int]] = field(default_factory=list)
+    #: (qid, offset) -> time an ack was sent on a call that died with its proxy (SIGKILL)
+    #: after reaching it: the proxy may have applied and committed it without answering.
+    in_doubt: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def settled(self) -> set[tuple[int, int]]:
+        """Acked, or acked in doubt (whether it stuck is checked by the group's lag)."""
+        return set(self.acked) | set(self.in_doubt)
 
     def duplicates(self) -> dict[tuple[int, int], int]:
         return {ref: len(d) for ref, d in self.deliveries.items() if len(d) > 1}
@@ -140,7 +147,9 @@ class Record:
         for key, refs in by_key.items():
             refs.sort(key=lambda r: r[1])
             for prev, ref in itertools.pairwise(refs):
-                sent = self.acked.get(prev)
+                # An ack in doubt counts only when no later ack of the message was applied
+                # (had the dead proxy not applied it, the next owner redelivers it).
+                sent = self.acked.get(prev, self.in_doubt.get(prev))
                 first = min(t for t, _, _ in self.deliveries[ref])
                 if sent is None or first < sent:
                     bad.append(f"{key}: {ref} delivered before {prev} was acked")
@@ -191,8 +200,12 @@ class Puller(threading.Thread):
             sent = time.monotonic()
             try:
                 answer = client.post(f"{self.url}/v1/groups/{self.group}/pull", json=body)
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
                 self.errors += 1
+                if not isinstance(exc, httpx.ConnectError):  # the call may have been applied
+                    with self.record.lock:
+                        for m in due:
+                            self.record.in_doubt.setdefault((m["qid"], m["offset"]), sent)
                 self.urls.append(self.urls.pop(0))  # a proxy that is down costs a retry
                 self.url = self.urls[0]
                 held += [(0.0, m) for m in due]  # answer them again (elsewhere: unknown)

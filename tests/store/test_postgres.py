@@ -294,6 +294,21 @@ async def test_appends_over_many_queues_and_large_batches(store: PostgresStore) 
     assert [(r.qid, r.offset) for r in again] == [(r.qid, r.offset) for r in results[:10]]
 
 
+async def test_read_many_answers_as_one_read_per_queue_would(store: PostgresStore) -> None:
+    await store.create_topic("t", 4)
+    for start in range(0, 300, 30):  # several record batches per queue
+        await store.append("t", [msg(i % 3, b'{"i":%d}' % i) for i in range(start, start + 30)],
+                           T0, WINDOW)  # fmt: skip
+    wants = [(0, 0, 1000), (1, 37, 5), (2, 99, 2), (3, 0, 10), (0, 95, 0), (1, 100, 10)]
+    many = await store.read_many("t", wants)
+    singles = [await store.read("t", qid, start, n) for qid, start, n in wants]
+    assert many == singles
+    assert [len(m) for m in many] == [100, 5, 1, 0, 0, 0]
+    assert [m.offset for m in many[1]] == [37, 38, 39, 40, 41]
+    with pytest.raises(TopicNotFound):
+        await store.read_many("nope", [(0, 0, 1)])
+
+
 # -- crash of the server ---------------------------------------------------------------------
 
 
