@@ -43,6 +43,7 @@ class ConsumerBase:
         transport: httpx.AsyncBaseTransport | None,
         options: ConsumerOptions,
         verify: Verify = True,
+        discover: bool = False,
     ) -> None:
         self.servers = server_list(servers)
         self.group = group
@@ -54,10 +55,17 @@ class ConsumerBase:
         self._handle_signals = handle_signals
         self._transport = transport
         self._verify = verify
+        self._discover = discover
         self._core: ConsumerCore | None = None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(group={self.group!r}, servers={self.servers!r})"
+
+    @property
+    def active_servers(self) -> list[str]:
+        """The servers pulled from now: ``servers``, or with ``discover=True`` the live proxies
+        last discovered (empty before ``start()``)."""
+        return self._core.active_servers if self._core is not None else []
 
     def stats(self) -> ConsumerStats:
         """Counters of this consumer (pulls, acks, fails, outstanding...)."""
@@ -74,4 +82,5 @@ class ConsumerBase:
             ensure_group=self._ensure_group,
             transport=self._transport,
             verify=self._verify,
+            discover=self._discover,
         )

@@ -5,6 +5,11 @@ hands messages to a thread pool, the async one runs it on the caller's loop and 
 to worker tasks (see ``_dispatch``). Per server there is one puller (pull with long poll,
 carrying pending results) and one flusher (sends results no pull will carry soon, e.g. while
 the puller sits in a long poll); one lease keeper extends messages whose handlers run long.
+
+Servers are numbered in the order they were added and never renumbered: with ``discover``, a
+proxy that joins the cluster is added (a puller and a flusher) and one that left is *retired*
+(its puller stops; its flusher still sends the results of what it had handed out, and gives
+them up after ``flush_timeout_ms`` of failures: the queue's new owner redelivers them).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, Protocol
 
 import httpx
@@ -21,13 +26,15 @@ import httpx
 from consumer_sdk._tls import Verify
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
-from consumer_sdk.errors import ClientError, ResourceNotFound
+from consumer_sdk.errors import ClientError
 
+from ._cluster import adiscover, rediscover, unique_urls
 from ._lease import keep_leases, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
 from ._results import flush, flusher, note_answer
 from ._runs import Runs, run_count
-from ._util import group_body, prepare_group
+from ._util import group_body, prepare_group, recreate_group
+from ._wakeup import Wakeups
 
 log = logging.getLogger("consumer_sdk.consumer")
 
@@ -42,7 +49,7 @@ class Dispatcher(Protocol):
     async def close(self, timeout_s: float | None) -> None: ...
 
 
-class ConsumerCore:
+class ConsumerCore(Wakeups):
     """Pull, dispatch, record, flush, extend; stop by draining. Lives on one event loop."""
 
     def __init__(
@@ -57,13 +64,20 @@ class ConsumerCore:
         ensure_group: Mapping[str, Any] | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: Verify = True,
+        discover: bool = False,
     ) -> None:
-        self.servers = list(servers)
+        super().__init__()
+        #: every server ever pulled from, by index (see the module doc); ``clients`` alike
+        self.servers: list[str] = []
         self.group = group
         self.topics = list(topics) if topics is not None else None
         self.config = config
-        self.ledger = Ledger(len(self.servers))
+        self.ledger = Ledger(0)
         self.clients: list[AsyncClient] = []
+        self._given = unique_urls(servers)
+        self._discover = discover
+        self._seeds: list[AsyncClient] = []
+        self._retired: list[bool] = []
         self.fatal: BaseException | None = None
         self.closing = False
         self.extend_after_ms = 0
@@ -74,61 +88,18 @@ class ConsumerCore:
         self._transport = transport
         self._verify = verify
         self._pullers: list[asyncio.Task[None]] = []
+        self._puller_of: dict[int, asyncio.Task[None]] = {}
         self._background: list[asyncio.Task[None]] = []
-        self._in_pull = [False] * len(self.servers)
+        self._in_pull: list[bool] = []
         #: per server: the last pull came back full of several runs (keys): the server
         #: likely has more ready, so the next pull is answered at once
-        self._backlog = [False] * len(self.servers)
+        self._backlog: list[bool] = []
         self._stopping = False
-        self._changed = asyncio.Event()
         # serve() and the lease keeper wait only for these, not for every change (a settled
         # message wakes just the puller and the flusher).
         self._stop_requested = asyncio.Event()
         self._closed = asyncio.Event()
-        self._notify_lock = threading.Lock()
-        self._notify_scheduled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._loop_thread = 0
         self._runs = Runs()
-
-    # -- wake-ups ----------------------------------------------------------------------------
-    # Waiters re-check their condition whenever anything changed. Notifications from worker
-    # threads are coalesced so a burst of finished handlers costs one loop wake-up, not one each.
-    def notify(self) -> None:
-        """Wake the loop's waiters; callable from any thread."""
-        loop = self._loop
-        # Unlocked fast path: a wake-up is already queued and runs after our change.
-        if loop is None or self._notify_scheduled:
-            return
-        with self._notify_lock:
-            if self._notify_scheduled:
-                return
-            self._notify_scheduled = True
-        try:
-            if threading.get_ident() == self._loop_thread:
-                loop.call_soon(self._wake)
-            else:
-                loop.call_soon_threadsafe(self._wake)
-        except RuntimeError:  # the loop closed: a handler outlived drain_timeout_ms
-            pass
-
-    def _wake(self) -> None:
-        with self._notify_lock:
-            self._notify_scheduled = False
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
-
-    async def wait_change(self, timeout_s: float | None = None) -> None:
-        """Wait until something changes, or ``timeout_s`` passes."""
-        event = self._changed
-        if timeout_s is None:
-            await event.wait()
-            return
-        try:
-            async with asyncio.timeout(timeout_s):
-                await event.wait()
-        except TimeoutError:
-            pass
 
     async def wait_closed(self, timeout_s: float) -> None:
         """Wait until the core closes (background tasks end), or ``timeout_s`` passes."""
@@ -137,15 +108,6 @@ class ConsumerCore:
                 await self._closed.wait()
         except TimeoutError:
             pass
-
-    async def pause(self, seconds: float, until: Callable[[], bool]) -> None:
-        """Sleep ``seconds``, waking early once ``until()`` holds."""
-        deadline = time.monotonic() + seconds
-        while not until():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            await self.wait_change(left)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -204,23 +166,95 @@ class ConsumerCore:
             log.error("consumer of group %r stops on a fatal error: %s", self.group, exc)
         self.request_stop()
 
+    # -- servers -----------------------------------------------------------------------------
+    def _client(self, url: str) -> AsyncClient:
+        cfg = self.config
+        return AsyncClient(
+            url,
+            token=self._token,
+            timeout_ms=cfg.request_timeout_ms,
+            retry=cfg.retry,
+            transport=self._transport,
+            verify=self._verify,
+        )
+
+    def _add_server(self, url: str) -> int:
+        """A new server slot (no tasks yet); returns its index."""
+        self.servers.append(url)
+        self.clients.append(self._client(url))
+        self._retired.append(False)
+        self._in_pull.append(False)
+        self._backlog.append(False)
+        index = self.ledger.add_server()
+        assert index == len(self.servers) - 1
+        return index
+
+    def _run_server(self, index: int, flush_too: bool) -> None:
+        self._puller_of[index] = task = self._spawn(self._puller(index), f"pull-{index}")
+        self._pullers.append(task)
+        if flush_too:
+            self._background.append(self._spawn(flusher(self, index), f"flush-{index}"))
+
+    def retired(self, index: int) -> bool:
+        """True once discovery no longer lists server ``index``: it is not pulled any more."""
+        return self._retired[index]
+
+    @property
+    def active_servers(self) -> list[str]:
+        """The servers pulled from now."""
+        return [u for u, gone in zip(self.servers, self._retired, strict=True) if not gone]
+
+    def active_clients(self) -> list[AsyncClient]:
+        return [c for c, gone in zip(self.clients, self._retired, strict=True) if not gone]
+
+    def use_servers(self, urls: Sequence[str]) -> None:
+        """Pull from exactly ``urls`` (the live proxies): start pullers for new ones (or ones
+        that came back), retire the pullers of the others. A no-op once stopping."""
+        wanted = unique_urls(urls)
+        if self._stopping or not wanted:
+            return
+        for url in wanted:
+            if url not in self.servers:
+                log.info("consumer of group %r: proxy %s joined", self.group, url)
+                self._run_server(self._add_server(url), flush_too=True)
+                continue
+            index = self.servers.index(url)
+            if self._retired[index]:
+                log.info("consumer of group %r: proxy %s is back", self.group, url)
+                self._retired[index] = False
+                task = self._puller_of.get(index)
+                if task is None or task.done():
+                    self._run_server(index, flush_too=False)
+        for index, url in enumerate(self.servers):
+            if url not in wanted and not self._retired[index]:
+                log.info("consumer of group %r: proxy %s left; not pulling it", self.group, url)
+                self._retired[index] = True
+        self._wake()
+
+    async def _initial_servers(self) -> list[str]:
+        """The given URLs, or with ``discover`` the live proxies ``GET /v1/cluster`` lists
+        (the given URLs when it answers 404, or nobody answers: re-discovery tries again)."""
+        if not self._discover:
+            return self._given
+        self._seeds = [self._client(u) for u in self._given]
+        try:
+            members = await adiscover(self._seeds)
+        except ClientError as exc:
+            if not exc.retryable:
+                raise
+            return self._given
+        if members is None:  # a single proxy on SQLite: nothing to re-discover
+            self._discover = False
+        return members or self._given
+
     async def start(self) -> None:
         """Open clients, prepare the group, start pullers, flushers and the lease keeper."""
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         cfg = self.config
-        self.clients = [
-            AsyncClient(
-                url,
-                token=self._token,
-                timeout_ms=cfg.request_timeout_ms,
-                retry=cfg.retry,
-                transport=self._transport,
-                verify=self._verify,
-            )
-            for url in self.servers
-        ]
         try:
+            for url in await self._initial_servers():
+                self._add_server(url)
             need = not (cfg.extend_after_ms and cfg.extend_lease_ms)
             found = await prepare_group(self.clients, self.group, self._group_body, need)
             self.extend_after_ms, self.extend_lease_ms = lease_settings(cfg, found)
@@ -229,9 +263,10 @@ class ConsumerCore:
             await self._close_clients()
             raise
         for i in range(len(self.servers)):
-            self._pullers.append(self._spawn(self._puller(i), f"pull-{i}"))
-            self._background.append(self._spawn(flusher(self, i), f"flush-{i}"))
+            self._run_server(i, flush_too=True)
         self._background.append(self._spawn(keep_leases(self), "extend"))
+        if self._discover:
+            self._background.append(self._spawn(rediscover(self, self._seeds), "discover"))
         log.info(
             "consumer of group %r started on %s (concurrency %d, extend after %d ms)",
             self.group,
@@ -281,7 +316,8 @@ class ConsumerCore:
         log.info("consumer of group %r stopped: %s", self.group, self.stats())
 
     async def _close_clients(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients), return_exceptions=True)
+        clients = [*self.clients, *self._seeds]
+        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
         async def guarded() -> None:
@@ -303,10 +339,13 @@ class ConsumerCore:
         errors = 0
         idle_ms = 0.0
 
-        def has_room() -> bool:
-            return self._stopping or limit - ledger.outstanding >= min_batch
+        def done() -> bool:
+            return self._stopping or self._retired[index]
 
-        while not self._stopping:
+        def has_room() -> bool:
+            return done() or limit - ledger.outstanding >= min_batch
+
+        while not done():
             while not has_room():
                 await self.wait_change()
             # Give running handlers up to ack_linger_ms to finish, so their results ride on
@@ -314,8 +353,8 @@ class ConsumerCore:
             # Not after a full answer: the server has more ready, and waiting would starve the
             # handlers (results that come while the pull is out go with the flusher at once).
             if not self._backlog[index]:
-                await self.pause(linger_s, lambda: self._stopping or not ledger.outstanding)
-            if self._stopping:
+                await self.pause(linger_s, lambda: done() or not ledger.outstanding)
+            if done():
                 break
             results = ledger.take_results(index)
             asked = min(cfg.max_messages, limit - ledger.outstanding)
@@ -334,7 +373,7 @@ class ConsumerCore:
             except ClientError as exc:
                 ledger.restore_results(index, results)
                 ledger.count("pull_errors")
-                if self._missing_group(exc) and await self._recreate_group(client):
+                if await recreate_group(client, self.group, self._group_body, exc):
                     continue
                 if not exc.retryable:
                     self.fail(exc)
@@ -342,7 +381,7 @@ class ConsumerCore:
                 errors += 1
                 delay_ms = cfg.retry.backoff_ms(errors)
                 log.warning("pull from %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
-                await self.pause(delay_ms / 1000, lambda: self._stopping)
+                await self.pause(delay_ms / 1000, done)
                 continue
             finally:
                 self._in_pull[index] = False
@@ -360,20 +399,4 @@ class ConsumerCore:
             idle_ms = min(cfg.max_idle_backoff_ms, max(cfg.idle_backoff_ms, idle_ms * 2))
             waited_ms = (time.monotonic() - started) * 1000
             if idle_ms > waited_ms:
-                await self.pause((idle_ms - waited_ms) / 1000, lambda: self._stopping)
-
-    def _missing_group(self, exc: ClientError) -> bool:
-        return isinstance(exc, ResourceNotFound) and exc.code == "group_not_found"
-
-    async def _recreate_group(self, client: AsyncClient) -> bool:
-        """With ``ensure_group``, PUT the group on a server that lacks it (one that was down
-        at start, or lost it); True if that worked."""
-        if self._group_body is None:
-            return False
-        try:
-            await client.put_group(self.group, self._group_body)
-        except ClientError as exc:
-            log.warning("cannot create group %r on %s: %s", self.group, client.url, exc)
-            return False
-        log.warning("group %r was missing on %s: created it", self.group, client.url)
-        return True
+                await self.pause((idle_ms - waited_ms) / 1000, done)

@@ -47,6 +47,8 @@ async def keep_leases(core: ConsumerCore) -> None:
     while not core.closing:
         await core.wait_closed(tick_s)
         due = core.ledger.due_for_extension(time.monotonic(), after_s)
+        # A proxy that left the cluster has handed its queues over: nothing to extend there.
+        due = {i: ds for i, ds in due.items() if not core.retired(i)}
         if due:
             await asyncio.gather(*(_extend(core, i, ds) for i, ds in due.items()))
 

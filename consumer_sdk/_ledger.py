@@ -69,6 +69,15 @@ class Ledger:
         self._urgent = [False] * servers
         self._counts: dict[str, int] = {f.name: 0 for f in fields(ConsumerStats)}
 
+    def add_server(self) -> int:
+        """Room for one more server; returns its index (servers are never removed)."""
+        with self._lock:
+            self._pending.append({})
+            self._pending_count.append(0)
+            self._pending_since.append(None)
+            self._urgent.append(False)
+            return len(self._pending) - 1
+
     @property
     def outstanding(self) -> int:
         return len(self._outstanding)

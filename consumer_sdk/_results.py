@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY
 from consumer_sdk.errors import ClientError
-from consumer_sdk.models import AckResult
+from consumer_sdk.models import AckResult, QueueResult
 
 if TYPE_CHECKING:
     from ._core import ConsumerCore
@@ -45,6 +45,7 @@ async def flusher(core: ConsumerCore, index: int) -> None:
     cfg, ledger, client = core.config, core.ledger, core.clients[index]
     linger_s = cfg.ack_linger_ms / 1000
     errors = 0
+    failing_since = 0.0
     while not core.closing:
         since = ledger.pending_since(index)
         if since is None:
@@ -69,17 +70,37 @@ async def flusher(core: ConsumerCore, index: int) -> None:
         try:
             answer = await client.ack(core.group, results, retry=NO_RETRY)
         except ClientError as exc:
+            errors += 1
+            failing_since = failing_since if errors > 1 else time.monotonic()
+            if core.retired(index) and _give_up(core, index, results, exc, failing_since):
+                continue
             ledger.restore_results(index, results)
             if not exc.retryable:
                 core.fail(exc)
                 return
-            errors += 1
             delay_ms = cfg.retry.backoff_ms(errors)
             log.warning("ack to %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
             await core.pause(delay_ms / 1000, lambda: core.closing)
             continue
         errors = 0
         note_answer(core, client, answer)
+
+
+def _give_up(
+    core: ConsumerCore, index: int, results: list[QueueResult], exc: ClientError, since: float
+) -> bool:
+    """For a server discovery no longer lists: drop ``results`` once sending them has failed
+    for ``flush_timeout_ms`` (or with an error retrying cannot fix); True if dropped."""
+    if exc.retryable and time.monotonic() - since < core.config.flush_timeout_ms / 1000:
+        return False
+    log.error(
+        "could not send %d result(s) to %s, which left the cluster (%s): the queues' new "
+        "owners deliver those messages again",
+        sum(len(r.acks) + len(r.fails) for r in results),
+        core.clients[index].url,
+        exc,
+    )
+    return True
 
 
 async def flush(core: ConsumerCore, index: int, deadline: float) -> None:

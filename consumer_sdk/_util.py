@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from consumer_sdk.client import AsyncClient
-from consumer_sdk.errors import ClientError
+from consumer_sdk.errors import ClientError, ResourceNotFound
 from consumer_sdk.models import Message
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -81,3 +81,20 @@ async def prepare_group(
                 raise
             log.warning("cannot read group %r from %s yet: %s", group, client.url, exc)
     return None
+
+
+async def recreate_group(
+    client: AsyncClient, group: str, body: Mapping[str, Any] | None, exc: ClientError
+) -> bool:
+    """After ``exc`` from ``client``: when it says the group is missing and ``body`` (the
+    consumer's ``ensure_group``) is given, PUT the group on that server (one that was down at
+    start, or lost it); True if that worked."""
+    if body is None or not (isinstance(exc, ResourceNotFound) and exc.code == "group_not_found"):
+        return False
+    try:
+        await client.put_group(group, body)
+    except ClientError as error:
+        log.warning("cannot create group %r on %s: %s", group, client.url, error)
+        return False
+    log.warning("group %r was missing on %s: created it", group, client.url)
+    return True

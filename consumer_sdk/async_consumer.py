@@ -73,6 +73,7 @@ class AsyncConsumer(ConsumerBase):
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: Verify = True,
+        discover: bool = False,
         **options: Unpack[ConsumerOptions],
     ) -> None:
         super().__init__(
@@ -85,6 +86,7 @@ class AsyncConsumer(ConsumerBase):
             transport=transport,
             verify=verify,
             options=options,
+            discover=discover,
         )
         self._handler = handler
         self._auto_ack = auto_ack

@@ -67,6 +67,7 @@ class ConsumerOptions(TypedDict, total=False):
     request_timeout_ms: int
     drain_timeout_ms: int | None
     flush_timeout_ms: int
+    discover_interval_ms: int
     retry: RetryPolicy | None
 
 
@@ -93,6 +94,8 @@ class ConsumerConfig:
     request_timeout_ms: int = 10_000
     drain_timeout_ms: int | None = None
     flush_timeout_ms: int = 10_000
+    #: with ``discover=True``: how often ``GET /v1/cluster`` is asked again for the live proxies
+    discover_interval_ms: int = 10_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -124,6 +127,7 @@ class ConsumerConfig:
                 "drain_timeout_ms must be >= 0",
             ),
             (self.flush_timeout_ms >= 0, "flush_timeout_ms must be >= 0"),
+            (self.discover_interval_ms >= 100, "discover_interval_ms must be >= 100"),
         ]
         for ok, message in checks:
             if not ok:

@@ -38,7 +38,16 @@ class Consumer(ConsumerBase):
     the :class:`~consumer_sdk.ConsumerOptions` both consumers share:
 
     - ``servers``: one base URL or several; each gets its own puller, and results go back to
-      the server that delivered the message.
+      the server that delivered the message. In a cluster (docs/scaling.md) a pull returns
+      only the queues of the proxy asked, so give every proxy, or ``discover``.
+    - ``discover`` (False): at start, ask ``GET /v1/cluster`` of ``servers`` (the first that
+      answers) and pull from every live proxy it lists instead; ask again every
+      ``discover_interval_ms`` (10000): a proxy that joins gets a puller, one that left is
+      not pulled any more (the results of what it handed out are still sent to it, for up to
+      ``flush_timeout_ms`` of failures; whatever it never got back, the queue's new owner
+      delivers again). A 404 (a single proxy on SQLite) means: just ``servers``; nobody
+      answering: ``servers`` until a later try answers. The token needs ``read_topics``.
+      ``active_servers`` lists the servers pulled from now.
     - ``group``, ``topics``: the group to consume for and, optionally, a subset of its topics.
     - ``token``: bearer token. ``verify`` (True): how an https:// server's certificate is
       checked, as for :class:`~consumer_sdk.Client` (a CA bundle path for a private CA).
@@ -79,6 +88,7 @@ class Consumer(ConsumerBase):
         handle_signals: bool = True,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: Verify = True,
+        discover: bool = False,
         **options: Unpack[ConsumerOptions],
     ) -> None:
         if inspect.iscoroutinefunction(handler):
@@ -93,6 +103,7 @@ class Consumer(ConsumerBase):
             transport=transport,
             verify=verify,
             options=options,
+            discover=discover,
         )
         self._handler = handler
         self._thread: threading.Thread | None = None
