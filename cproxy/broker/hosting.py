@@ -58,18 +58,26 @@ class QueueHosting:
 
     async def reconcile(self, runner: GroupRunner) -> None:
         """Make a just-opened runner serve exactly the owned queues of its topics: a queue
-        claimed or dropped while it was opening is added or dropped now."""
+        claimed or dropped while it was opening is added or dropped now.
+
+        The runner is not among ``groups`` yet, so ``serve_queue`` and ``drop_queue`` pass it
+        by: passes repeat until ownership did not change during one. The caller registers the
+        runner right after, with no await in between, so no claim falls in the gap."""
         owned = self.owned
         if owned is None:
             return
-        for topic, qid in sorted(owned):
-            await runner.add_queue(topic, qid)  # a no-op for queues it serves already
-            if (topic, qid) in self.releasing:
-                runner.pause_queue(topic, qid)
-        for topic in runner.config.topics:
-            for stats in await self.store.queue_stats(topic):
-                if (topic, stats.qid) not in owned:
-                    runner.drop_queue(topic, stats.qid)
+        while True:
+            before = (set(owned), set(self.releasing))
+            for topic, qid in sorted(before[0]):
+                await runner.add_queue(topic, qid)  # a no-op for queues it serves already
+                if (topic, qid) in self.releasing:
+                    runner.pause_queue(topic, qid)
+            for topic in runner.config.topics:
+                for stats in await self.store.queue_stats(topic):
+                    if (topic, stats.qid) not in owned:
+                        runner.drop_queue(topic, stats.qid)
+            if (owned, self.releasing) == before:
+                return
 
     def pause_queue(self, topic: str, qid: int) -> None:
         """The queue is being released: hand out nothing new from it, take results."""

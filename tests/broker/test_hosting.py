@@ -1,0 +1,81 @@
+"""Cluster hooks of the broker (``hosting.py``) against the memory store: a queue claimed
+while a group is being created is served by that group too."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+from anyio.lowlevel import checkpoint
+
+from cproxy.broker.broker import Broker
+from cproxy.model import QueueProgress, QueueRef
+from cproxy.store.memory import MemoryStore
+from tests.broker.test_broker import SETTINGS, config
+
+
+class SlowStore(MemoryStore):
+    """Every progress load yields to other tasks a few times (as a database round trip does)."""
+
+    async def load_progress(self, group: str) -> dict[QueueRef, QueueProgress]:
+        for _ in range(3):
+            await checkpoint()
+        return await super().load_progress(group)
+
+
+@asynccontextmanager
+async def cluster_broker(store: MemoryStore) -> AsyncIterator[Broker]:
+    broker = Broker(store, SETTINGS)
+    broker.owned = set()  # as ClusterNode does: serve only claimed queues
+    async with anyio.create_task_group() as tg:
+        await broker.start(tg)
+        try:
+            yield broker
+        finally:
+            await broker.stop()
+            tg.cancel_scope.cancel()
+
+
+async def served(broker: Broker, group: str) -> list[int]:
+    view: Any = await broker.describe_group(group)
+    return sorted(q.qid for q in view.stats.queues)
+
+
+async def test_queues_claimed_while_a_group_opens_are_served_by_it() -> None:
+    for delay_claims in range(6):  # claims landing at different points of the opening
+        store = SlowStore()
+        async with cluster_broker(store) as broker:
+            await broker.create_topic("t", 8)
+
+            async def claim_all(delay_claims: int = delay_claims) -> None:
+                for _ in range(delay_claims):
+                    await checkpoint()
+                for qid in range(8):
+                    await broker.serve_queue("t", qid)
+                    await checkpoint()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(claim_all)
+                await broker.put_group("g", config())
+            assert await served(broker, "g") == list(range(8)), delay_claims
+
+
+async def test_a_queue_dropped_while_a_group_opens_is_not_served_by_it() -> None:
+    store = SlowStore()
+    async with cluster_broker(store) as broker:
+        await broker.create_topic("t", 4)
+        for qid in range(4):
+            await broker.serve_queue("t", qid)
+
+        async def drop_two() -> None:
+            await checkpoint()
+            broker.drop_queue("t", 1)
+            await checkpoint()
+            broker.drop_queue("t", 3)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drop_two)
+            await broker.put_group("g", config())
+        assert await served(broker, "g") == [0, 2]
