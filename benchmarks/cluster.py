@@ -123,7 +123,7 @@ async def run(args: Any, deployments: list[Deployment]) -> dict[str, Any]:
     out["deployments"] = [as_dict(d) for d in deployments]
     n = 10_000 if args.quick else 30_000
     runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in deployments}
-    for rnd in range(args.repeat):
+    for rnd in range(args.repeat if "throughput" in args.phases else 0):
         shift = rnd % len(deployments)
         order = deployments[shift:] + deployments[:shift]
         for d in order if rnd % 2 == 0 else list(reversed(order)):
@@ -137,12 +137,12 @@ async def run(args: Any, deployments: list[Deployment]) -> dict[str, Any]:
             )
     out["throughput"] = runs
     out["latency"] = {}
-    for d in deployments:
+    for d in deployments if "latency" in args.phases else ():
         out["latency"][d.name] = await latency(d, args.rate, args.latency_seconds)
         progress(f"latency {d.name}: {out['latency'][d.name]}")
     pg2 = next(d for d in deployments if d.name == "pg-2")
     out["handover"] = []
-    for rnd in range(args.handovers):
+    for rnd in range(args.handovers if "handover" in args.phases else 0):
         r = await handover_run(pg2, f"h{rnd}", args.hold_ms, args.handover_rate)
         out["handover"].append(r)
         progress(
@@ -154,6 +154,8 @@ async def run(args: Any, deployments: list[Deployment]) -> dict[str, Any]:
 
 def report(out: dict[str, Any]) -> str:
     runs = out["throughput"]
+    if not all(runs.values()) or not out["latency"]:
+        return handover_table(out)
 
     def med(name: str, key: str) -> float:
         return median([r[key] for r in runs[name]])
@@ -184,6 +186,10 @@ def report(out: dict[str, Any]) -> str:
         f"pg-1 / sqlite-1 end to end: {ratio(base_rate, med('sqlite-1', 'msgs_per_s')):.2f}",
         "",
     ]
+    return "\n".join([*lines, handover_table(out)])
+
+
+def handover_table(out: dict[str, Any]) -> str:
     headers = [
         "run", "hold ms", "heartbeat ms", "queues moved (join/leave)",
         "join: release->owned p50/max ms", "leave: release->owned p50/max ms",
@@ -198,9 +204,7 @@ def report(out: dict[str, Any]) -> str:
          r["order_violations"]]
         for i, r in enumerate(out["handover"])
     ]  # fmt: skip
-    if ho_rows:
-        lines.append(markdown_table(headers, ho_rows))
-    return "\n".join(lines)
+    return markdown_table(headers, ho_rows) if ho_rows else ""
 
 
 def main() -> None:
@@ -211,6 +215,9 @@ def main() -> None:
     parser.add_argument("--hold-ms", type=int, default=300, help="consumer handler time (300)")
     parser.add_argument("--handover-rate", type=int, default=500, help="msgs/s while moving")
     parser.add_argument("--handovers", type=int, default=None, help="hand-over runs (3; quick 1)")
+    parser.add_argument(
+        "--phases", default="throughput,latency,handover", help="which phases to run (all)"
+    )
     args = parser.parse_args()
     args.repeat = args.repeat or (3 if args.quick else 5)
     args.latency_seconds = args.latency_seconds or (5.0 if args.quick else 10.0)

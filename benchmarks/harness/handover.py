@@ -100,17 +100,24 @@ class Ownership:
 
     def moves(self, since: float, to: str | None, away: str | None) -> list[dict[str, float]]:
         """Queues that after ``since`` moved to ``to`` (or away from ``away``): when they began
-        releasing and when the new owner had them, in seconds after ``since``."""
+        releasing and when the new owner had them, in seconds after ``since``. A queue with
+        nothing in flight can pass through *releasing* between two polls: its release then
+        counts from the last poll that still showed the old owner."""
         out = []
         for qid, log in self.changes.items():
-            later = [c for c in log if c[0] >= since]
-            released = next((t for t, _, s in later if s == "releasing"), None)
-            owned = next((t for t, o, s in later if s == "owned" and _new(o, to, away)), None)
-            if released is None or owned is None or (away and not _owned_by(log, since, away)):
+            if away and not _owned_by(log, since, away):
                 continue
+            later = [c for c in log if c[0] >= since]
+            owned = next((c for c in later if c[2] == "owned" and _new(c[1], to, away)), None)
+            if owned is None:
+                continue
+            before = [c for c in log if c[0] < owned[0]]
+            released = next((t for t, _, s in later if s == "releasing"), None)
+            if released is None:
+                released = max(since, before[-1][0]) if before else since
             out.append(
-                {"qid": qid, "releasing_s": released - since, "owned_s": owned - since,
-                 "handover_ms": (owned - released) * 1000}
+                {"qid": qid, "releasing_s": released - since, "owned_s": owned[0] - since,
+                 "handover_ms": (owned[0] - released) * 1000}
             )  # fmt: skip
         return out
 

@@ -123,6 +123,12 @@ class ClusterNode:
         deadline = time.monotonic() + limit
         try:
             async with self._round_lock:
+                # Out of the membership first (rounds stop heartbeating; queue leases are
+                # still renewed): peers' assignment then leaves this node out, so each queue
+                # is claimed the moment it is freed, not a heartbeat later.
+                async with self._store.connection() as conn:
+                    await membership.leave(conn, self.node_id)
+                    await ownership.notify_peers(conn, f"leave:{self.node_id}")
                 await self._release_all()
             while self.held:
                 async with self._round_lock:
@@ -130,7 +136,7 @@ class ClusterNode:
                 if self.held:
                     await anyio.sleep(0.02)
             async with self._store.connection() as conn:
-                await membership.leave(conn, self.node_id)
+                await membership.leave(conn, self.node_id)  # a round may have raced
         except StoreError as exc:
             logger.warning("node=%s could not hand over everything: %s", self.node_id, exc)
         finally:
@@ -194,9 +200,10 @@ class ClusterNode:
         async with self._round_lock:
             began = time.monotonic()
             async with self._store.connection() as conn:
-                await membership.heartbeat(
-                    conn, self.node_id, self.settings.advertise_url, self.settings.lease_ms
-                )
+                if not self._leaving:
+                    await membership.heartbeat(
+                        conn, self.node_id, self.settings.advertise_url, self.settings.lease_ms
+                    )
                 renewed = await ownership.renew(
                     conn, self.node_id, self.settings.lease_ms, self._grace_ms()
                 )

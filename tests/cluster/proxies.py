@@ -124,11 +124,14 @@ class Record:
     keys: dict[tuple[int, int], str] = field(default_factory=dict)
     #: (qid, offset) -> time the ack that the proxy applied was sent
     acked: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (qid, offset) -> every time an ack of it that a proxy applied was sent
+    ack_times: dict[tuple[int, int], list[float]] = field(default_factory=lambda: defaultdict(list))
     #: acks answered unknown
     unknown: list[tuple[int, int]] = field(default_factory=list)
-    #: (qid, offset) -> time an ack was sent on a call that died with its proxy (SIGKILL)
-    #: after reaching it: the proxy may have applied and committed it without answering.
-    in_doubt: dict[tuple[int, int], float] = field(default_factory=dict)
+    #: (qid, offset) -> (time, proxy) of an ack sent on a call that died with its proxy
+    #: (SIGKILL) after reaching it: the proxy may have applied it (and handed out the next
+    #: message of the key, and committed) without answering.
+    in_doubt: dict[tuple[int, int], tuple[float, str]] = field(default_factory=dict)
 
     def settled(self) -> set[tuple[int, int]]:
         """Acked, or acked in doubt (whether it stuck is checked by the group's lag)."""
@@ -138,8 +141,15 @@ class Record:
         return {ref: len(d) for ref, d in self.deliveries.items() if len(d) > 1}
 
     def order_violations(self) -> list[str]:
-        """A message received before the applied ack of the previous offset of its key was
-        even sent: the proxy handed out n+1 while n was unfinished."""
+        """Per key, message n+1 handed out while n was unfinished. Two checks:
+
+        - every delivery of n+1 comes after an ack of n sent after n's latest delivery before
+          it (an applied ack, or one in doubt: a proxy that applied it and then handed out
+          n+1 or committed may have died before answering);
+        - no proxy delivers n again after it delivered n+1 (after a crash, the next owner
+          may deliver n again after the dead one had delivered n+1: allowed, that is the
+          contract's duplicate; on one proxy it would be disorder).
+        """
         by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
         for ref, key in self.keys.items():
             by_key[key].append(ref)
@@ -147,13 +157,20 @@ class Record:
         for key, refs in by_key.items():
             refs.sort(key=lambda r: r[1])
             for prev, ref in itertools.pairwise(refs):
-                # An ack in doubt counts only when no later ack of the message was applied
-                # (had the dead proxy not applied it, the next owner redelivers it).
-                sent = self.acked.get(prev, self.in_doubt.get(prev))
-                first = min(t for t, _, _ in self.deliveries[ref])
-                if sent is None or first < sent:
-                    bad.append(f"{key}: {ref} delivered before {prev} was acked")
+                acks = [*self.ack_times.get(prev, []), *self.in_doubt_times(prev)]
+                for t, _, url in self.deliveries[ref]:
+                    before = [tp for tp, _, _ in self.deliveries[prev] if tp <= t]
+                    if not before or not any(max(before) <= a < t for a in acks):
+                        bad.append(f"{key}: {ref} delivered by {url} before {prev} was acked")
+                        break
+                    if any(u == url and tp > t for tp, _, u in self.deliveries[prev]):
+                        bad.append(f"{key}: {url} delivered {prev} again after {ref}")
+                        break
         return bad
+
+    def in_doubt_times(self, ref: tuple[int, int]) -> list[float]:
+        doubt = self.in_doubt.get(ref)
+        return [] if doubt is None else [doubt[0]]
 
 
 class Puller(threading.Thread):
@@ -205,7 +222,8 @@ class Puller(threading.Thread):
                 if not isinstance(exc, httpx.ConnectError):  # the call may have been applied
                     with self.record.lock:
                         for m in due:
-                            self.record.in_doubt.setdefault((m["qid"], m["offset"]), sent)
+                            ref = (m["qid"], m["offset"])
+                            self.record.in_doubt.setdefault(ref, (sent, self.url))
                 self.urls.append(self.urls.pop(0))  # a proxy that is down costs a retry
                 self.url = self.urls[0]
                 held += [(0.0, m) for m in due]  # answer them again (elsewhere: unknown)
@@ -231,6 +249,7 @@ class Puller(threading.Thread):
                         self.record.unknown.append(ref)
                     else:
                         self.record.acked.setdefault(ref, sent)
+                        self.record.ack_times[ref].append(sent)
                 for m in got["messages"]:
                     ref = (m["qid"], m["offset"])
                     self.record.deliveries[ref].append((received, m["attempt"], self.url))
