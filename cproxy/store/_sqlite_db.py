@@ -19,6 +19,7 @@ from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
+from cproxy.store._sqlite_checkpoint import FALLBACK_PAGES, Checkpointer
 from cproxy.store._sqlite_schema import ensure_schema
 from cproxy.store._sqlite_writer import Writer, as_store_error
 
@@ -84,6 +85,9 @@ def connect(
         conn.execute(f"PRAGMA journal_size_limit = {WAL_SIZE_LIMIT}")
         if reader:
             conn.execute("PRAGMA query_only = ON")
+        else:
+            # Checkpoints run in the background (``_sqlite_checkpoint``); this is the net.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {FALLBACK_PAGES}")
     except BaseException:
         conn.close()
         raise
@@ -142,6 +146,7 @@ class Database:
         )
         self._reader: sqlite3.Connection | None = None
         self._read_limiter: CapacityLimiter | None = None
+        self._checkpointer = Checkpointer(path)
 
     @property
     def is_open(self) -> bool:
@@ -177,6 +182,7 @@ class Database:
             self._lock.release()
             raise
         self._writer.conn, self._reader = writer, reader
+        self._checkpointer.start()
 
     async def close(self) -> None:
         write_limiter = self._writer.limiter
@@ -185,6 +191,7 @@ class Database:
         # Through the limiters, so calls in progress finish before their connection goes away.
         # The reader goes first: the last connection to close checkpoints and removes the WAL.
         try:
+            await to_thread.run_sync(self._checkpointer.stop)
             await to_thread.run_sync(self._close_sync, self, "_reader", limiter=self._read_limiter)
             await to_thread.run_sync(self._close_sync, self._writer, "conn", limiter=write_limiter)
         finally:

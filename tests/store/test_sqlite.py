@@ -387,3 +387,20 @@ async def test_a_writer_that_cannot_roll_back_is_reopened(
     assert "reconnecting" in caplog.text and "reopened" in caplog.text
     assert writer.conn is not stuck and isinstance(writer.conn, sqlite3.Connection)
     assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"2"]
+
+
+async def test_the_wal_is_checkpointed_in_the_background_not_by_a_commit(tmp_path: Path) -> None:
+    """Appends leave the WAL to the background checkpointer: the database file takes the
+    pages over while the store stays open, and the writer's own threshold is far away."""
+    s = SqliteStore(tmp_path)
+    await s.open()
+    try:
+        await s.create_topic("t", 1)
+        body = b'"' + b"x" * 1000 + b'"'
+        for _ in range(20):  # ~2 MB: far below the writer's fallback threshold (64 MiB)
+            await s.append("t", [NewMessage(None, body, qid=0) for _ in range(100)], T0, 0)
+        with anyio.fail_after(10):
+            while s.path.stat().st_size < 2_000_000:  # pages copied back from the WAL
+                await anyio.sleep(0.05)
+    finally:
+        await s.close()
