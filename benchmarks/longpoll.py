@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import resource
 import time
 from collections.abc import Callable
@@ -97,8 +98,11 @@ async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return status, await reader.readexactly(length)
 
 
-async def puller(host: str, port: int, group: str, wait_ms: int, tally: Tally) -> None:
-    """Long-poll forever over one keep-alive connection; acks ride on the next pull."""
+async def puller(
+    host: str, port: int, group: str, wait_ms: int, tally: Tally, first_wait_ms: int | None = None
+) -> None:
+    """Long-poll forever over one keep-alive connection; acks ride on the next pull. The
+    first pull waits ``first_wait_ms`` (default ``wait_ms``), the rest ``wait_ms``."""
     request = (
         f"POST /v1/groups/{group}/pull HTTP/1.1\r\nHost: {host}\r\n"
         "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
@@ -114,7 +118,8 @@ async def puller(host: str, port: int, group: str, wait_ms: int, tally: Tally) -
         acks: list[dict[str, Any]] = []
         try:
             while True:
-                body = orjson.dumps({"max_messages": 1, "wait_ms": wait_ms, "results": acks})
+                wait = first_wait_ms if first and first_wait_ms is not None else wait_ms
+                body = orjson.dumps({"max_messages": 1, "wait_ms": wait, "results": acks})
                 writer.write(request % len(body) + body)
                 tally.requests += 1
                 if first:
@@ -232,7 +237,14 @@ async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, A
         t0 = time.monotonic()
         for start in range(0, pullers, CONNECT_CHUNK):
             for _ in range(min(CONNECT_CHUNK, pullers - start)):
-                tasks.append(asyncio.create_task(puller(host, port, group, args.wait_ms, tally)))
+                # Spread: the first waits are uniform in [wait_ms / 10, wait_ms], so expiries
+                # spread over time as in a steady population of consumers; without it all
+                # N pulls, started together, expire together (a re-poll storm every wait_ms).
+                first = round(random.uniform(args.wait_ms / 10, args.wait_ms))
+                first_wait = first if args.spread else None
+                tasks.append(
+                    asyncio.create_task(puller(host, port, group, args.wait_ms, tally, first_wait))
+                )
             await tally.until(lambda: tally.started >= len(tasks), 30)
         if tally.started < pullers:
             raise RuntimeError(f"only {tally.started} of {pullers} pullers started")
@@ -358,7 +370,7 @@ def report(out: dict[str, Any], args: Any) -> str:
         f"## Long polls: {', '.join(names)} pullers, trickle {args.rate:g} msgs/s "
         f"(A = commit {commits['A']}, {args.repeat} round(s), medians)",
         "",
-        f"wait_ms {args.wait_ms}, idle {args.idle_s:g} s, trickle {args.trickle_s:g} s, "
+        f"wait_ms {args.wait_ms} (first pulls spread: {args.spread}), idle {args.idle_s:g} s, trickle {args.trickle_s:g} s, "
         f"{QUEUES} queues, one group, max_messages 1, acks on the next pull.",
         "",
     ]
@@ -397,6 +409,12 @@ def main() -> None:
     parser.add_argument("--pullers", type=int, nargs="+", help="cells (default 1000 5000)")
     parser.add_argument("--rate", type=float, default=100.0, help="trickle msgs/s (100)")
     parser.add_argument("--wait-ms", type=int, default=20_000, help="pull wait_ms (20000)")
+    parser.add_argument(
+        "--no-spread",
+        dest="spread",
+        action="store_false",
+        help="every puller's first pull waits wait_ms too (all expire together)",
+    )
     parser.add_argument("--idle-s", type=float, help="idle phase (20 s; 5 with --quick)")
     parser.add_argument("--trickle-s", type=float, help="trickle phase (20 s; 5 with --quick)")
     parser.add_argument("--repeat", type=int, default=1, help="rounds (1)")
