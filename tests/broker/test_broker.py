@@ -24,8 +24,14 @@ SETTINGS = replace(Settings(), commit_interval_ms=50)
 
 
 @asynccontextmanager
-async def running(store: MemoryStore, settings: Settings = SETTINGS) -> AsyncIterator[Broker]:
+async def running(
+    store: MemoryStore, settings: Settings = SETTINGS, *, cluster: bool = False
+) -> AsyncIterator[Broker]:
+    """A started broker; ``cluster``: it serves only the queues claimed (``serve_queue``),
+    as under a ``ClusterNode``."""
     broker = Broker(store, settings)
+    if cluster:
+        broker.owned = set()
     async with anyio.create_task_group() as tg:
         await broker.start(tg)
         try:

@@ -3,8 +3,6 @@ while a group is being created is served by that group too."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -13,7 +11,7 @@ from anyio.lowlevel import checkpoint
 from cproxy.broker.broker import Broker
 from cproxy.model import QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
-from tests.broker.test_broker import SETTINGS, config
+from tests.broker.test_broker import config, running
 
 
 class SlowStore(MemoryStore):
@@ -25,19 +23,6 @@ class SlowStore(MemoryStore):
         return await super().load_progress(group)
 
 
-@asynccontextmanager
-async def cluster_broker(store: MemoryStore) -> AsyncIterator[Broker]:
-    broker = Broker(store, SETTINGS)
-    broker.owned = set()  # as ClusterNode does: serve only claimed queues
-    async with anyio.create_task_group() as tg:
-        await broker.start(tg)
-        try:
-            yield broker
-        finally:
-            await broker.stop()
-            tg.cancel_scope.cancel()
-
-
 async def served(broker: Broker, group: str) -> list[int]:
     view: Any = await broker.describe_group(group)
     return sorted(q.qid for q in view.stats.queues)
@@ -46,7 +31,7 @@ async def served(broker: Broker, group: str) -> list[int]:
 async def test_queues_claimed_while_a_group_opens_are_served_by_it() -> None:
     for delay_claims in range(6):  # claims landing at different points of the opening
         store = SlowStore()
-        async with cluster_broker(store) as broker:
+        async with running(store, cluster=True) as broker:
             await broker.create_topic("t", 8)
 
             async def claim_all(delay_claims: int = delay_claims) -> None:
@@ -64,7 +49,7 @@ async def test_queues_claimed_while_a_group_opens_are_served_by_it() -> None:
 
 async def test_a_queue_dropped_while_a_group_opens_is_not_served_by_it() -> None:
     store = SlowStore()
-    async with cluster_broker(store) as broker:
+    async with running(store, cluster=True) as broker:
         await broker.create_topic("t", 4)
         for qid in range(4):
             await broker.serve_queue("t", qid)

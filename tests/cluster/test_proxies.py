@@ -10,39 +10,16 @@ import itertools
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.cluster.conftest import ProxyFactory
 from tests.cluster.proxies import ACK_TIMEOUT_MS, LEASE_MS, Proxy, Puller, Record
 from tests.store.pg_server import PgServer
 from tests.support import wait_until
 
 QUEUES = 4
 KEYS = 24
-
-ProxyFactory = Callable[..., list[Proxy]]
-
-
-@pytest.fixture
-def proxies(pg_dsn: str, tmp_path: Path) -> Iterator[ProxyFactory]:
-    """``proxies("p0", "p1", ...)`` starts them at once and waits until all are ready."""
-    started: list[Proxy] = []
-
-    def start(*node_ids: str) -> list[Proxy]:
-        batch = [Proxy(tmp_path, pg_dsn, node_id) for node_id in node_ids]
-        started.extend(batch)
-        for proxy in batch:
-            proxy.spawn()
-        for proxy in batch:
-            proxy.wait_ready()
-        return batch
-
-    yield start
-    for proxy in started:
-        proxy.stop()
 
 
 def setup(via: Proxy, group_via: Proxy) -> None:

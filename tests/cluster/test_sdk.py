@@ -6,13 +6,12 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from consumer_sdk import AsyncConsumer, AsyncProducer, Consumer, Message, Producer, RetryPolicy
 from consumer_sdk.errors import ConnectError
+from tests.cluster.conftest import ProxyFactory
 from tests.cluster.proxies import ACK_TIMEOUT_MS, Proxy
 from tests.conftest import ServerFactory
 from tests.store.pg_server import free_port
@@ -90,27 +89,6 @@ async def test_discovery_on_a_single_sqlite_server_uses_the_given_url(
 # -- a real cluster ------------------------------------------------------------------------
 QUEUES = 6
 KEYS = 8
-
-ProxyFactory = Callable[..., list[Proxy]]
-
-
-@pytest.fixture
-def proxies(pg_dsn: str, tmp_path: Path) -> Iterator[ProxyFactory]:
-    """``proxies("p0", "p1", ...)`` starts them at once and waits until all are ready."""
-    started: list[Proxy] = []
-
-    def start(*node_ids: str) -> list[Proxy]:
-        batch = [Proxy(tmp_path, pg_dsn, node_id) for node_id in node_ids]
-        started.extend(batch)
-        for proxy in batch:
-            proxy.spawn()
-        for proxy in batch:
-            proxy.wait_ready()
-        return batch
-
-    yield start
-    for proxy in started:
-        proxy.stop()
 
 
 def owners_settle(members: list[Proxy]) -> None:
