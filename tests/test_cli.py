@@ -359,3 +359,17 @@ def test_serve_startup_errors_and_ctrl_c_print_one_line(tmp_path: Path) -> None:
     finally:
         if first.poll() is None:
             first.kill()
+
+
+def test_a_serving_process_collects_young_garbage_less_often() -> None:
+    import gc
+    import importlib
+
+    serve_module = importlib.import_module("cproxy.cli.serve")  # the package re-exports serve()
+    before = gc.get_threshold()
+    try:
+        serve_module.tune_gc()
+        assert gc.get_threshold() == serve_module.GC_THRESHOLDS
+        assert serve_module.GC_THRESHOLDS[0] > before[0]
+    finally:
+        gc.set_threshold(*before)

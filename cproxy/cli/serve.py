@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import logging
 import socket
@@ -25,6 +26,21 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+#: The garbage collector's thresholds in a serving process: the youngest generation is
+#: collected after 50,000 net allocations instead of Python's 700 (older ones as by default).
+#: Measured with 5,000 open long polls and 100 msgs/s (``benchmarks.longpoll``): with the
+#: default, young collections ran every few milliseconds and some took 40-240 ms (delivery
+#: p99 143-292 ms); with this, delivery p99 2.2-2.7 ms, as with the collector off, and 15-20 %
+#: less CPU. Cyclic garbage is still collected, a little later; reference counting frees the
+#: rest at once as always.
+GC_THRESHOLDS = (50_000, 10, 10)
+
+
+def tune_gc() -> None:
+    """Set ``GC_THRESHOLDS`` for this process (see there)."""
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 def serve(settings: Settings) -> None:
     """Run the service until SIGINT/SIGTERM; shutdown persists every group's progress."""
     import uvicorn
@@ -32,6 +48,7 @@ def serve(settings: Settings) -> None:
     from cproxy.api.app import create_app
 
     configure_logging(settings.log_level, settings.log_format)
+    tune_gc()
     if not settings.auth_enabled:
         if _is_loopback(settings.host):
             logger.warning(
