@@ -370,7 +370,8 @@ def report(out: dict[str, Any], args: Any) -> str:
         f"## Long polls: {', '.join(names)} pullers, trickle {args.rate:g} msgs/s "
         f"(A = commit {commits['A']}, {args.repeat} round(s), medians)",
         "",
-        f"wait_ms {args.wait_ms} (first pulls spread: {args.spread}), idle {args.idle_s:g} s, trickle {args.trickle_s:g} s, "
+        f"wait_ms {args.wait_ms} (first pulls spread: {args.spread}), idle {args.idle_s:g} s, "
+        f"trickle {args.trickle_s:g} s, "
         f"{QUEUES} queues, one group, max_messages 1, acks on the next pull.",
         "",
     ]

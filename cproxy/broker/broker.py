@@ -72,6 +72,7 @@ class Broker(QueueHosting):
         self.owned = None
         self.releasing = set()
         self.check_lease = None
+        self.announce_redrive = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -400,15 +401,23 @@ class Broker(QueueHosting):
         """Deliver the group's dead letters (of ``topic``, or all) again; returns how many.
 
         ``within`` (a token's topic scope; None: any) leaves dead letters of other topics
-        untouched.
+        untouched. Cluster mode: this proxy redrives those of the queues it owns (the count)
+        and tells its peers, which redrive theirs at once.
         """
         runner = self._runner(name)
         if within is None or topic is not None:
             if topic is not None and within is not None and topic not in within:
                 return 0
-            return await runner.redrive(topic)
-        # Only dead letters of topics the group reads are delivered again; others stay put.
-        return sum([await runner.redrive(t) for t in sorted(runner.config.topics) if t in within])
+            topics: list[str | None] = [topic]
+        else:
+            # Only dead letters of topics the group reads are delivered again; others stay put.
+            topics = [t for t in sorted(runner.config.topics) if t in within]
+        count = 0
+        for t in topics:
+            count += await runner.redrive(t)
+            if self.announce_redrive is not None:
+                await self.announce_redrive(name, t)
+        return count
 
     def blocked_keys(
         self, name: str, topic: str | None, min_blocked_ms: int, limit: int

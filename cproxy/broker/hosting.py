@@ -43,6 +43,9 @@ class QueueHosting:
     #: owns its queues (its lease ran out locally, e.g. after a pause): pulls, acks and
     #: extends wait, so nothing is handed out or finished on a queue that moved.
     check_lease: Callable[[], None] | None
+    #: Cluster mode: tells the peers to redrive the dead letters of their queues too
+    #: (group, topic or None for all).
+    announce_redrive: Callable[[str, str | None], Awaitable[None]] | None
 
     _open_runner: Callable[[str, GroupConfig], Awaitable[GroupRunner]]
 

@@ -55,6 +55,8 @@ class GroupRunner(QueueHooks):
         self._store = store
         self._engine = engine
         self.name = engine.name
+        #: Cluster mode: serves only owned queues (dead letters are redriven per owner).
+        self.cluster = False
         self.commit_interval_ms = commit_interval_ms
         self.dead_letter_count = 0
         self._waiters = Waiters()
@@ -103,7 +105,11 @@ class GroupRunner(QueueHooks):
             await store.commit(name, fresh)
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms)
-        engine.redrive(await store.load_redriving(name))
+        runner.cluster = queues is not None
+        redriving = await store.load_redriving(name)
+        if queues is not None:  # the others' owners pick theirs up (``add_queue``)
+            redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]
+        engine.redrive(redriving)
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
         logger.info(
@@ -421,7 +427,9 @@ class GroupRunner(QueueHooks):
         logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
 
     async def redrive(self, topic: str | None) -> int:
-        dead = await self._store.start_redrive(self.name, topic)
+        """Deliver dead letters again (cluster: those of the queues this proxy owns)."""
+        owned = self._engine.served_queues() if self.cluster else None
+        dead = await self._store.start_redrive(self.name, topic, owned)
         count = self._engine.redrive(dead)
         self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
         if self._engine.has_ready():

@@ -45,6 +45,11 @@ class QueueHooks:
             stored = QueueProgress(start)
             await self._store.commit(self.name, {(topic, qid): stored})
         self._engine.add_queue(topic, qid, stored, stats.next_offset)
+        # Dead letters a redrive marked and a former owner did not finish: delivered here.
+        redriving = await self._store.load_redriving(self.name)
+        self._engine.redrive(
+            [d for d in redriving if (d.message.topic, d.message.qid) == (topic, qid)]
+        )
         self._fetch_kick.set()
 
     def pause_queue(self, topic: str, qid: int) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 
 import anyio
 import asyncpg
+import orjson
 from anyio.abc import TaskGroup
 
 from cproxy.broker import Broker
@@ -43,7 +44,7 @@ from cproxy.cluster.ownership import TidQid
 from cproxy.cluster.schema import ensure_cluster_schema
 from cproxy.cluster.settings import ClusterSettings
 from cproxy.engine.records import CommitBatch
-from cproxy.errors import QueueNotOwned, StoreError, TopicNotFound
+from cproxy.errors import CproxyError, QueueNotOwned, StoreError, TopicNotFound
 from cproxy.store._pg_base import Conn
 from cproxy.store._pg_sql import APPEND_CHANNEL
 from cproxy.store.postgres import PostgresStore
@@ -52,6 +53,9 @@ logger = logging.getLogger(__name__)
 
 #: How often a releasing queue's in-flight count is checked between rounds (in memory, cheap).
 DRAIN_POLL_S = 0.02
+#: Notification payload prefix: a peer redrove a group's dead letters (JSON [node, group,
+#: topic]).
+_REDRIVE = "redrive:"
 
 
 @dataclass(slots=True)
@@ -92,6 +96,8 @@ class ClusterNode:
         self._leaving = False
         self._listener: asyncpg.Connection | None = None
         self._scope: anyio.CancelScope | None = None
+        #: Peers' redrives to do here: (group, topic or None).
+        self._redrives: list[tuple[str, str | None]] = []
         # Before the broker starts: its groups open serving no queue until one is claimed.
         broker.owned = set()
 
@@ -103,6 +109,7 @@ class ClusterNode:
         self._store.fence = self.fence
         self._store.notify_appends = True
         self._broker.check_lease = self.check_lease
+        self._broker.announce_redrive = self._announce_redrive
         await self._listen()
         await self.round()
         async with self._store.connection() as conn:
@@ -151,6 +158,8 @@ class ClusterNode:
             while True:
                 await self._until_round()
                 self._wake = anyio.Event()
+                while self._redrives:
+                    await self._redrive_mine(*self._redrives.pop(0))
                 try:
                     await self.round()
                 except StoreError as exc:
@@ -361,7 +370,37 @@ class ClusterNode:
         self._broker.note_end(topic, int(qid), int(end))
 
     def _on_cluster(self, conn: Any, pid: int, channel: str, payload: object) -> None:
+        text = str(payload)
+        if text.startswith(_REDRIVE):
+            node, group, topic = orjson.loads(text[len(_REDRIVE) :])
+            if node != self.node_id:
+                self._redrives.append((group, topic))  # run by the loop, in a task
         self._wake.set()
+
+    # -- redrive -------------------------------------------------------------------------------
+    # Dead letters are redriven by the owner of their queue: a redrive on any proxy redrives
+    # that proxy's queues and tells the peers, which redrive theirs (a queue that moves while
+    # some are redriving: its new owner picks them up when it starts serving it).
+    async def _announce_redrive(self, group: str, topic: str | None) -> None:
+        async with self._store.connection() as conn:
+            await ownership.notify_peers(
+                conn, _REDRIVE + orjson.dumps([self.node_id, group, topic]).decode()
+            )
+
+    async def _redrive_mine(self, group: str, topic: str | None) -> None:
+        runner = self._broker.groups.get(group)
+        if runner is None:
+            return  # not started here (yet): its queues' owners are elsewhere
+        try:
+            count = await runner.redrive(topic)
+        except CproxyError as exc:  # the database, or the topic went away meanwhile
+            logger.warning(
+                "node=%s group=%s redrive for a peer failed: %s", self.node_id, group, exc
+            )
+            return
+        logger.info(
+            "node=%s group=%s redriving dead_letters=%d (for a peer)", self.node_id, group, count
+        )
 
     # -- the view ------------------------------------------------------------------------------
     async def view(self) -> ClusterView:

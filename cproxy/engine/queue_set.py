@@ -37,6 +37,10 @@ class QueueSet:
         """Whether the queue is part of this engine (paused or not)."""
         return self._reader.cursor(topic, qid) is not None
 
+    def served_queues(self) -> list[QueueRef]:
+        """Every queue of this engine (paused or not)."""
+        return [(c.topic, c.qid) for c in self._reader.cursors()]
+
     def add_queue(self, topic: str, qid: int, progress: QueueProgress, end_offset: int) -> None:
         """Serve a queue from ``progress`` (as persisted); ``end_offset`` is the store's next
         offset. A queue already served is left as it is."""

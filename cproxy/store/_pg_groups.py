@@ -5,7 +5,7 @@ Group configs, progress, dead letters and redrives; ``commit`` is one transactio
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 import asyncpg
@@ -145,16 +145,19 @@ class PgGroupState(PgBase):
             )
         return int(count)
 
-    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+    async def start_redrive(
+        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+    ) -> list[DeadLetter]:
+        names, qids = ([q[0] for q in queues], [q[1] for q in queues]) if queues else ([], [])
         async with self._conn() as conn:
             tid = await self._topic_filter(conn, topic)
             rows = await conn.fetch(
                 f"UPDATE dead_letters d SET redriving = true FROM topics t WHERE t.tid = d.tid"
                 " AND d.grp = $1 AND NOT d.redriving AND ($2::int IS NULL OR d.tid = $2)"
+                " AND ($3 OR (t.name, d.qid) IN (SELECT * FROM unnest($4::text[], $5::int[])))"
                 f" RETURNING {DEAD_LETTER_COLUMNS}",
-                group,
-                tid,
-            )
+                group, tid, queues is None, names, qids,
+            )  # fmt: skip
         # Python's str order is code point order, as COLLATE "C" on UTF-8.
         marked = [_dead_letter(group, row) for row in rows]
         return sorted(marked, key=lambda d: d.message.ref)

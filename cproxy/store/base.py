@@ -58,7 +58,7 @@ Rules of both:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from cproxy.model import (
@@ -183,8 +183,11 @@ class GroupStateStore(Lifecycle, Protocol):
     async def count_dead_letters(self, group: str) -> int:
         """How many dead letters the group has, redriving ones excluded."""
 
-    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
-        """Mark dead letters as redriving and return them in (topic, qid, offset) order."""
+    async def start_redrive(
+        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+    ) -> list[DeadLetter]:
+        """Mark dead letters as redriving and return them in (topic, qid, offset) order;
+        ``queues`` (cluster: those this proxy owns) limits it to dead letters of those."""
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         """Dead letters marked redriving (to resume delivery after a restart)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from operator import attrgetter
 
 from cproxy.errors import StoreError, TopicConflict
@@ -278,10 +278,14 @@ class MemoryStore:
         self._check_open()
         return sum(not dl.redriving for dl in self._dead.get(group, {}).values())
 
-    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+    async def start_redrive(
+        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+    ) -> list[DeadLetter]:
+        wanted = None if queues is None else set(queues)
         marked = [
             dataclasses.replace(dl, redriving=True)
             for dl in self._sorted_dead(group, topic, redriving=False)
+            if wanted is None or (dl.message.topic, dl.message.qid) in wanted
         ]
         dead = self._dead.get(group, {})
         for dl in marked:

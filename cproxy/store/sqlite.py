@@ -30,9 +30,8 @@ import dataclasses
 import functools
 import logging
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from cproxy.errors import ConfigError
 from cproxy.model import (
@@ -280,20 +279,27 @@ class SqliteStore(SqliteTopics):
         )
         return int(row[0])
 
-    async def start_redrive(self, group: str, topic: str | None) -> list[DeadLetter]:
+    async def start_redrive(
+        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+    ) -> list[DeadLetter]:
         tid = self._dead_filter(topic)
+        wanted = None if queues is None else set(queues)
 
-        def run(conn: sqlite3.Connection) -> list[Any]:
+        def run(conn: sqlite3.Connection) -> list[DeadLetter]:
             rows = conn.execute(DEAD_LETTER_SELECT, (group, 0, tid, tid)).fetchall()
-            conn.execute(
-                "UPDATE dead_letters SET redriving = 1"
-                " WHERE grp = ? AND redriving = 0 AND (? IS NULL OR tid = ?)",
-                (group, tid, tid),
+            dead = [dead_letter(group, row) for row in rows]
+            if wanted is not None:
+                dead = [d for d in dead if (d.message.topic, d.message.qid) in wanted]
+            tids = {name: self._dead_filter(name) for name in {d.message.topic for d in dead}}
+            conn.executemany(
+                "UPDATE dead_letters SET redriving = 1 WHERE grp = ? AND tid = ? AND qid = ?"
+                " AND off = ?",
+                [(group, tids[d.message.topic], d.message.qid, d.message.offset) for d in dead],
             )
-            return rows
+            return dead
 
-        rows = await self._db.write(run)
-        return [dataclasses.replace(dead_letter(group, row), redriving=True) for row in rows]
+        dead = await self._db.write(run)
+        return [dataclasses.replace(d, redriving=True) for d in dead]
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         rows = await self._db.read(

@@ -364,6 +364,18 @@ async def test_redrive_lifecycle(store: Store) -> None:
     assert [d.message.ref for d in everything] == [("a", 0, 0), ("a", 0, 1), ("b", 1, 0)]
 
 
+async def test_redrive_limited_to_queues(store: Store) -> None:
+    """Cluster mode: a proxy redrives only the dead letters of the queues it owns."""
+    messages = await _dead_lettered(store)
+    await store.commit("g", {}, [dead(m) for m in messages])
+    mine = await store.start_redrive("g", None, [("b", 0), ("a", 1)])
+    assert [d.message.ref for d in mine] == [("b", 0, 0), ("b", 0, 1)]
+    assert await store.start_redrive("g", "a", []) == []
+    left = [d.message.ref for d in await store.list_dead_letters("g", None, 10)]
+    assert left == [("a", 0, 0), ("a", 0, 1), ("b", 1, 0)]
+    assert [d.message.ref for d in await store.load_redriving("g")] == [("b", 0, 0), ("b", 0, 1)]
+
+
 async def test_commit_is_all_or_nothing(store: Store) -> None:
     messages = await _dead_lettered(store)
     await store.commit("g", {("b", 0): QueueProgress(1)}, [dead(messages[0])])
