@@ -9,7 +9,7 @@ import anyio
 from anyio.lowlevel import checkpoint
 
 from cproxy.broker.broker import Broker
-from cproxy.model import QueueProgress, QueueRef
+from cproxy.model import DeadLetter, Message, NewMessage, QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import config, running
 
@@ -64,3 +64,25 @@ async def test_a_queue_dropped_while_a_group_opens_is_not_served_by_it() -> None
             tg.start_soon(drop_two)
             await broker.put_group("g", config())
         assert await served(broker, "g") == [0, 2]
+
+
+async def test_a_claimed_queue_delivers_dead_letters_a_former_owner_was_redriving() -> None:
+    store = MemoryStore()
+    async with running(store, cluster=True) as broker:
+        await broker.create_topic("t", 2)
+        await broker.serve_queue("t", 0)  # queue 1 is owned elsewhere
+        await broker.put_group("g", config())
+        stored = await store.append(
+            "t", [NewMessage("a", b"1", qid=0), NewMessage("b", b"2", qid=1)], 1, 0
+        )
+        messages = [
+            Message("t", r.qid, r.offset, k, b, None, None, 1)
+            for r, k, b in zip(stored, ("a", "b"), (b"1", b"2"), strict=True)
+        ]
+        # Both were dead-lettered and then redriven by another proxy, which lost queue 1.
+        finished = {("t", 0): QueueProgress(1), ("t", 1): QueueProgress(1)}
+        await store.commit("g", finished, [DeadLetter("g", m, 5, "boom", 2) for m in messages])
+        await store.start_redrive("g", None)
+        await broker.serve_queue("t", 1)
+        got = await broker.pull("g", 10, 1000, None, [])
+        assert [(d.message.qid, d.message.offset, d.attempt) for d in got.deliveries] == [(1, 0, 1)]
