@@ -30,7 +30,6 @@ from cproxy.store._pg_sql import (
     LOCK_QUEUES,
     NOTIFY_APPEND,
     READ_BATCHES,
-    READ_FROM_FLOOR,
     READ_MANY_FROM_FLOOR,
     UPDATE_QUEUES,
 )
@@ -267,17 +266,7 @@ class PgLog(PgBase):
             logger.debug("pruned expired dedup entries: %s", status)
 
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
-        async with self._conn() as conn:
-            tid, queues = await self._topic(conn, topic)
-            check_qid(topic, qid, queues)
-            if max_count <= 0:
-                return []
-            rows = await conn.fetch(READ_FROM_FLOOR, tid, qid, from_offset, max_count)
-        if not rows or rows[0][1] is None:
-            return []
-        start = rows[0][0]
-        batches = [(base, nxt, blob) for _, base, nxt, blob in rows]
-        return decode(topic, qid, batches, start, start + max_count)
+        return (await self.read_many(topic, [(qid, from_offset, max_count)]))[0]
 
     async def read_many(
         self, topic: str, wants: Sequence[tuple[int, int, int]]
@@ -288,6 +277,8 @@ class PgLog(PgBase):
             tid, queues = await self._topic(conn, topic)
             for qid, _, _ in wants:
                 check_qid(topic, qid, queues)
+            if all(n <= 0 for _, _, n in wants):
+                return [[] for _ in wants]
             rows = await conn.fetch(
                 READ_MANY_FROM_FLOOR, tid, [w[0] for w in wants], [w[1] for w in wants],
                 [max(0, w[2]) for w in wants],

@@ -33,22 +33,11 @@ READ_BATCHES = (
     " AND base <= $3 ORDER BY base DESC LIMIT 1), $3) ORDER BY base"
 )
 
-#: A read: the start (``$3``, raised to the queue's floor: a batch retention cut through may
-#: hold records below it) with each batch holding offsets ``start <= off < start + $4``;
-#: one row with a NULL base when there is none. One statement, so one snapshot.
-READ_FROM_FLOOR = (
-    "SELECT q.start, b.base, b.next_off, b.records FROM"
-    " (SELECT greatest($3::bigint, min_offset) AS start FROM queues"
-    "  WHERE tid = $1 AND qid = $2) AS q"
-    " LEFT JOIN LATERAL (SELECT base, next_off, records FROM batches"
-    "  WHERE tid = $1 AND qid = $2 AND base < q.start + $4"
-    "  AND base >= coalesce((SELECT base FROM batches WHERE tid = $1 AND qid = $2"
-    "  AND base <= q.start ORDER BY base DESC LIMIT 1), q.start)"
-    "  ORDER BY base) AS b ON true"
-)
-
-#: Several reads of one topic in one statement (one round trip): ``READ_FROM_FLOOR`` for each
-#: (qid ``$2[i]``, start ``$3[i]``, count ``$4[i]``), rows tagged with ``i`` (1-based).
+#: Reads of one topic, one per (qid ``$2[i]``, start ``$3[i]``, count ``$4[i]``), in one
+#: statement (one round trip, one snapshot). Each start is raised to its queue's floor (a
+#: batch retention cut through may hold records below it); rows are tagged with ``i``
+#: (1-based): the start, then each batch holding offsets ``start <= off < start + count``,
+#: or one row with a NULL base when there is none.
 READ_MANY_FROM_FLOOR = (
     "SELECT r.i, q.start, b.base, b.next_off, b.records FROM"
     " unnest($2::int[], $3::bigint[], $4::int[]) WITH ORDINALITY AS r(qid, off, n, i)"
