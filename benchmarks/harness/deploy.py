@@ -11,7 +11,6 @@ so the two stores are compared at the same durability.
 from __future__ import annotations
 
 import contextlib
-import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -158,10 +157,6 @@ def deployed(root: Path, specs: list[tuple[str, int, bool]]) -> Iterator[list[De
     finally:
         for d in out:
             d.stop()
-
-
-def signal_name(sig: int) -> str:
-    return signal.Signals(sig).name
 
 
 def as_dict(d: Deployment) -> dict[str, Any]:

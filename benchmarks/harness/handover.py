@@ -56,14 +56,15 @@ async def holding_puller(
             results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
             wait_ms = 0 if held else 200
             try:
-                if stop.is_set():
-                    await c.ack(group, results) if results else None
-                    pulled = None
-                else:
-                    pulled = await c.pull(group, max_messages=10, wait_ms=wait_ms, results=results)
+                if stop.is_set():  # answer what came due, wait for the rest to come due
+                    if results:
+                        await c.ack(group, results)
+                    await asyncio.sleep(min(0.02, hold_s))
+                    continue
+                pulled = await c.pull(group, max_messages=10, wait_ms=wait_ms, results=results)
             except ClientError:
                 return  # the proxy left (its queues were handed over)
-            for m in pulled.messages if pulled is not None else ():
+            for m in pulled.messages:
                 seen.deliveries[m.qid, m.offset] += 1
                 if m.attempt > 1:
                     seen.redelivered += 1
@@ -72,7 +73,7 @@ async def holding_puller(
                     seen.order_violations += 1
                 seen.last_seq[k] = max(s, seen.last_seq.get(k, -1))
                 held.append((time.perf_counter(), m))
-            if held and pulled is not None and not pulled.messages:
+            if held and not pulled.messages:
                 await asyncio.sleep(min(0.02, hold_s))
 
 

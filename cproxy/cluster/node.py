@@ -158,9 +158,9 @@ class ClusterNode:
             while True:
                 await self._until_round()
                 self._wake = anyio.Event()
-                while self._redrives:
-                    await self._redrive_mine(*self._redrives.pop(0))
                 try:
+                    while self._redrives:
+                        await self._redrive_mine(*self._redrives.pop(0))
                     await self.round()
                 except StoreError as exc:
                     logger.warning("node=%s cluster round failed: %s", self.node_id, exc)
