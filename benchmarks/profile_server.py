@@ -150,11 +150,11 @@ async def workload(args: Any, server: ServerProcess) -> dict[str, Any]:
     async with sides([server]) as (side,):
         await create_topic(side.admin, "prof", 8)
         await put_group(side.admin, "prof-g", "prof", "key")
-    batches = make_batches(args.messages, 100, 10_000, 100)
+    batches = make_batches(args.messages, args.batch, 10_000, 100)
     with Probe(server.pid) as p:
         t0 = time.perf_counter()
         consumer = asyncio.create_task(consume(server.url, "prof-g", args.messages, 4, 100))
-        await produce(server.url, "prof", batches, 4, key_stride(100, 10_000))
+        await produce(server.url, "prof", batches, 4, key_stride(args.batch, 10_000))
         elapsed = (await consumer).healthy_done_at - t0
     return {
         "messages": args.messages,
@@ -218,6 +218,7 @@ def report(out: dict[str, Any]) -> str:
 def main() -> None:
     parser = arg_parser(__doc__, "15,000 messages (~10 s)")
     parser.add_argument("--messages", type=int, help="default 200,000 (15,000 with --quick)")
+    parser.add_argument("--batch", type=int, default=100, help="messages per produce call")
     parser.add_argument("--aggregate", type=Path, help="only aggregate this raw file")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--raw", type=Path, help="also keep the collapsed stacks here")

@@ -96,10 +96,17 @@ class Writer:
     """The writer connection and its write queue; see the module docstring."""
 
     def __init__(
-        self, connect: Callable[[], sqlite3.Connection], *, group_commit: bool = True
+        self,
+        connect: Callable[[], sqlite3.Connection],
+        *,
+        group_commit: bool = True,
+        inline: bool = False,
     ) -> None:
         self._connect = connect
         self._group_commit = group_commit
+        #: Run transactions on the event loop's thread instead of the worker thread (see
+        #: ``Database``): no hop, at the price of the loop waiting for SQLite.
+        self.inline = inline
         self.conn: sqlite3.Connection | None = None
         self.limiter: CapacityLimiter | None = None
         #: Scratch space of the open transaction: what later writes of the same batch must see
@@ -121,7 +128,7 @@ class Writer:
             raise StoreError("the store is not open")
         job = _Job(fn, weight)
         if not self._group_commit:
-            await to_thread.run_sync(self._run_batch, [job], limiter=self.limiter)
+            await self._run([job])
             return cast(T, job.outcome())
         self._queue.append(job)
         if self._leading:
@@ -173,8 +180,7 @@ class Writer:
         for job in batch:
             job.taken = True
         try:
-            assert self.limiter is not None
-            await to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
+            await self._run(batch)
         finally:
             # No await from here on: the outcomes are handed out even to a cancelled leader.
             unrun = [job for job in batch if not job.finished]
@@ -185,6 +191,13 @@ class Writer:
             for job in batch:
                 if job.finished:
                     job.wake.set()
+
+    async def _run(self, batch: list[_Job]) -> None:
+        if self.inline:
+            self._run_batch(batch)  # no await: nothing can cancel it half-way
+            return
+        assert self.limiter is not None
+        await to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
 
     def _hand_off(self) -> None:
         if self._queue:

@@ -14,9 +14,13 @@ killed at any moment (SIGKILL, OOM killer), but the last commits can be lost if 
 loses power or the kernel crashes. ``synchronous="full"`` fsyncs the WAL on every commit and
 survives power loss too, at the cost of one fsync per write.
 
-Concurrency: one writer connection and one reader connection, each driven from a worker thread
-through its own ``CapacityLimiter(1)`` so the event loop never blocks on SQLite. WAL lets reads
-run while a write transaction is open. This store is the only writer of its file (a lock file
+Concurrency: one writer connection and one reader connection. With ``synchronous="normal"``
+their statements run on the event loop's thread (``threads=None`` picks this): a COMMIT does
+not fsync, so a transaction costs the loop less than a hop to a worker thread would, and
+writes issued in the same loop iteration still share one transaction. With "full" (or
+``threads=True``) each connection is driven from a worker thread through its own
+``CapacityLimiter(1)`` so the loop never waits for an fsync; WAL lets reads run while a write
+transaction is open. This store is the only writer of its file (a lock file
 keeps other processes out), so the next offset and last ``produced_at_ms`` of every queue are
 cached in memory and are authoritative; they are published only after a successful COMMIT, so
 a failed transaction leaves them untouched. Inside a group transaction, an append continues from
@@ -74,6 +78,7 @@ class SqliteStore(SqliteTopics):
         synchronous: str = "normal",
         busy_timeout_ms: int = 5000,
         group_commit: bool = True,
+        threads: bool | None = None,
     ) -> None:
         if synchronous.lower() not in SYNCHRONOUS:
             raise ConfigError(f"synchronous must be one of {SYNCHRONOUS}, not {synchronous!r}")
@@ -82,6 +87,7 @@ class SqliteStore(SqliteTopics):
             synchronous=synchronous.lower(),
             busy_timeout_ms=busy_timeout_ms,
             group_commit=group_commit,
+            threads=threads,
         )
         self._init_topics()  # the caches (``SqliteTopics``)
         self._dedup = Dedup()  # used by the writer thread only

@@ -37,7 +37,8 @@ WINDOW = 60_000
 
 @pytest.fixture
 async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(tmp_path)
+    # Worker threads: ``writer_held`` holds the writer thread to make writes queue up.
+    s = SqliteStore(tmp_path, threads=True)
     await s.open()
     await s.create_topic("t", 2)
     yield s
