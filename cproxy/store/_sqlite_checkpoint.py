@@ -25,9 +25,9 @@ logger = logging.getLogger(__name__)
 
 #: How often the WAL is checkpointed (s): small enough that each run copies little.
 INTERVAL_S = 0.2
-#: The writer checkpoints by itself only when the WAL reaches this many pages (16 KiB each:
-#: 64 MiB), i.e. when the background checkpoints stopped keeping up.
-FALLBACK_PAGES = 4096
+#: The writer checkpoints by itself only when the WAL reaches this many pages (64 MiB of 4 KiB
+#: pages), i.e. when the background checkpoints stopped keeping up.
+FALLBACK_PAGES = 16384
 
 
 class Checkpointer:

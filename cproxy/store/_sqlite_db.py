@@ -30,9 +30,11 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-# 16 KiB pages: in a WITHOUT ROWID table a row spills to overflow pages above ~1/4 of a page,
-# so 4 KiB pages would push every 1 KB message into an extra page.
-PAGE_SIZE = 16384
+# 4 KiB pages (SQLite's default): every commit writes each page it touched to the WAL in full,
+# so with small produce batches the page size sets the bytes per commit. Record batches spill
+# to overflow pages either way; 16 KiB pages (chosen when a row held one message) made
+# appends 1.2-1.4x slower (benchmarks/store_raw.py, docs/benchmarks.md). New files only.
+PAGE_SIZE = 4096
 CACHE_KIB = 32 * 1024
 MMAP_BYTES = 256 * 1024 * 1024
 # Truncate the WAL back to this size after a checkpoint so one burst does not keep it huge.
