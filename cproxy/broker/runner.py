@@ -63,6 +63,8 @@ class GroupRunner(QueueHooks):
         self._hand_kick = anyio.Event()
         self._fetch_kick = anyio.Event()
         self._timer_kick = anyio.Event()
+        #: When the timer task wakes next by itself (ms); 0 while it is not asleep.
+        self._timer_due_ms = 0
         self._commit_kick = anyio.Event()
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
@@ -178,9 +180,12 @@ class GroupRunner(QueueHooks):
         while True:
             self._timer_kick = anyio.Event()
             deadline = self._engine.next_deadline_ms()
-            delay = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - now_ms()) / 1000))
+            now = now_ms()
+            delay = 1.0 if deadline is None else min(1.0, max(0.0, (deadline - now) / 1000))
+            self._timer_due_ms = now + int(delay * 1000)
             with anyio.move_on_after(delay):
                 await self._timer_kick.wait()
+            self._timer_due_ms = 0
             self._engine.tick(now_ms())
             if self._engine.has_ready():
                 self._notify_ready()
@@ -204,8 +209,18 @@ class GroupRunner(QueueHooks):
             return 0
         served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
         if served:
-            self._timer_kick.set()  # new ack deadlines
+            self._kick_timer()  # new ack deadlines
         return served
+
+    def _kick_timer(self) -> None:
+        """Wake the timer task when a deadline now falls before its planned wake-up.
+
+        Deliveries and results usually add deadlines far in the future (ack timeouts), which
+        the timer's next regular wake-up covers: waking it for each pull would cost a task
+        switch and a cancel scope per call for nothing."""
+        deadline = self._engine.next_deadline_ms()
+        if deadline is not None and deadline < self._timer_due_ms:
+            self._timer_kick.set()
 
     async def _committer(self) -> None:
         while True:
@@ -345,7 +360,7 @@ class GroupRunner(QueueHooks):
         outcome = self._engine.apply_results(results, now_ms())
         if outcome.applied:
             self._after_finish()
-            self._timer_kick.set()
+            self._kick_timer()
             if self._engine.has_ready():
                 self._notify_ready()
         return outcome
@@ -373,7 +388,7 @@ class GroupRunner(QueueHooks):
             waiter = Waiter(max_messages, topics, max_per_key)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
-            self._timer_kick.set()
+            self._kick_timer()
         return PullResult(deliveries, applied, unknown)
 
     def _give_back(self, deliveries: list[Delivery]) -> None:

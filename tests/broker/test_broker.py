@@ -230,3 +230,46 @@ async def test_putting_the_same_config_again_keeps_the_group_running() -> None:
         assert not created
         # Not restarted: the delivery handed out before is still the one in flight.
         assert broker.ack("g", ack_all(got)).applied == 1
+
+
+async def timer_asleep(broker: Broker, group: str) -> None:
+    """Until the group's timer task sleeps (white box: its planned wake-up is set)."""
+    with anyio.fail_after(5):
+        while broker.groups[group]._timer_due_ms == 0:
+            await anyio.sleep(0.005)
+
+
+async def test_short_deadlines_wake_a_sleeping_timer() -> None:
+    # Deliveries with the default 30 s ack timeout leave the timer asleep (it wakes at least
+    # every second anyway); a later, shorter deadline must still wake it at once: here a
+    # retry 50 ms after a fail, while the timer sleeps until the first second is up.
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config(retry_backoff_ms=[50]))
+        await broker.produce("t", items("a"))
+        await timer_asleep(broker, "g")
+        first = await broker.pull("g", 10, 1000, None, [])
+        assert len(first.deliveries) == 1
+        message = first.deliveries[0].message
+        started = time.monotonic()
+        fail = Result("t", message.qid, fails=[(message.offset, "boom")])
+        again = await broker.pull("g", 10, 5000, None, [fail])
+        assert [d.message.offset for d in again.deliveries] == [message.offset]
+        assert time.monotonic() - started < 0.5
+
+
+async def test_a_short_ack_timeout_is_kept_while_the_timer_sleeps() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config(ack_timeout_ms=100, retry_backoff_ms=[0]))
+        await broker.produce("t", items("a"))
+        await timer_asleep(broker, "g")
+        started = time.monotonic()
+        first = await broker.pull("g", 10, 1000, None, [])
+        again = await broker.pull("g", 10, 5000, None, [])  # never acked: redelivered
+        assert [d.message.offset for d in again.deliveries] == [
+            d.message.offset for d in first.deliveries
+        ]
+        assert time.monotonic() - started < 0.7
