@@ -188,19 +188,29 @@ class Metrics:
         )
         self._ack_latencies: dict[str, _Latencies] = {}
         self.registry.register(_LatencyCollector(self._ack_latencies))
+        # Each label's child, looked up once: ``labels()`` validates and locks on every call,
+        # and these two run on every produce and every pull.
+        self._produced: dict[str, Counter] = {}
+        self._pulls: dict[str, Histogram] = {}
 
     def attach(self, broker: Broker) -> None:
         self.registry.register(_EngineCollector(broker))
 
     def on_produced(self, topic: str, count: int) -> None:
-        self.produced.labels(topic).inc(count)
+        child = self._produced.get(topic)
+        if child is None:
+            child = self._produced[topic] = self.produced.labels(topic)
+        child.inc(count)
 
     def ack_latency_observer(self, group: str) -> Callable[[float], None]:
         """The produce-to-ack observer of ``group`` (seconds, one call per acked message)."""
         return self._ack_latencies.setdefault(group, _Latencies()).observe
 
     def observe_pull(self, group: str, seconds: float) -> None:
-        self.pull_seconds.labels(group).observe(seconds)
+        child = self._pulls.get(group)
+        if child is None:
+            child = self._pulls[group] = self.pull_seconds.labels(group)
+        child.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -19,10 +19,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
-
-import anyio
 
 from cproxy.engine.snapshots import Delivery
 
@@ -32,11 +31,30 @@ logger = logging.getLogger(__name__)
 LaneKey = tuple[str, ...] | None
 
 
+#: Waits end on a grid of this many seconds (or of a 20th of the wait, if shorter).
+EXPIRY_GRID_S = 0.05
+
+
+def expiry(now: float, timeout_s: float) -> float:
+    """When a wait of ``timeout_s`` from ``now`` ends: its deadline rounded *down* to the
+    grid (``EXPIRY_GRID_S``, at most a 20th of the wait), so never later than asked.
+
+    Why: the long polls that expire within the same 50 ms then end in one turn of the event
+    loop, on one wake-up, and their clients' next pulls tend to arrive together too. Waking
+    an idle process costs 40-80 µs of CPU on a small VM, as much as the rest of an expiring
+    poll; 5,000 pulls of 30 s expire ~170 times a second (docs/benchmarks.md, issue 13).
+    """
+    grid = min(EXPIRY_GRID_S, timeout_s / 20)
+    deadline = now + timeout_s
+    return math.floor(deadline / grid) * grid if grid > 0 else deadline
+
+
 class Waiter:
     """One waiting pull: what it may take, and what it was handed."""
 
     __slots__ = (
-        "_event",
+        "_future",
+        "_woken",
         "deliveries",
         "key",
         "left",
@@ -61,17 +79,30 @@ class Waiter:
         self.deliveries: list[Delivery] = []
         #: The caller went away (``leave``): whatever was handed must be given back.
         self.left = False
-        self._event = anyio.Event()
+        self._woken = False
+        #: What ``wait`` sleeps on; created there (a waiter may be made outside a loop).
+        self._future: asyncio.Future[None] | None = None
 
     @property
     def woken(self) -> bool:
-        """Handed work, or released by ``wake_all``."""
-        return self._event.is_set()
+        """Handed work, or released by ``wake_all`` (or ``leave``)."""
+        return self._woken
 
     async def wait(self, timeout_s: float) -> None:
         """Sleep until woken or ``timeout_s`` seconds passed (cancellation propagates)."""
-        with anyio.move_on_after(timeout_s):
-            await self._event.wait()
+        if self._woken:
+            return
+        # A bare future and one timer, not anyio's Event and move_on_after: on uvloop a
+        # cancel scope's deadline timer fires up to a millisecond early and re-arms itself
+        # until the clock catches up (about 20 loop turns per expiring poll, measured).
+        loop = asyncio.get_running_loop()
+        future = self._future = loop.create_future()
+        timer = loop.call_at(expiry(loop.time(), timeout_s), _release, future)
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._future = None
 
     def take(self) -> list[Delivery]:
         """The handed deliveries, now owned by the caller (the waiter keeps none)."""
@@ -81,11 +112,16 @@ class Waiter:
     def leave(self) -> None:
         """The caller is gone: wake the waiting pull so that it leaves the line."""
         self.left = True
-        self._event.set()
+        self._set()
 
     def _wake(self, deliveries: list[Delivery]) -> None:
         self.deliveries = deliveries
-        self._event.set()
+        self._set()
+
+    def _set(self) -> None:
+        self._woken = True
+        if self._future is not None:
+            _release(self._future)
 
 
 class Waiters:
@@ -195,6 +231,11 @@ class Waiters:
                 waiter._wake([])
                 count += 1
         return count
+
+
+def _release(future: asyncio.Future[None]) -> None:
+    if not future.done():  # a wake-up and the deadline can fall due in the same loop turn
+        future.set_result(None)
 
 
 async def _watch(waiter: Waiter, gone: Callable[[], Awaitable[object]]) -> None:

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from cproxy.broker.broker import Broker
-from cproxy.broker.waiters import Waiter, Waiters
+from cproxy.broker.waiters import Waiter, Waiters, expiry
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery
 from cproxy.model import Message
@@ -130,6 +130,27 @@ def test_wake_all_releases_every_waiter_empty_handed() -> None:
     assert queue.wake_all() == 2
     assert all(w.woken and w.take() == [] for w in waiters)
     assert not queue
+
+
+def test_a_wait_ends_on_the_grid_never_after_its_deadline_nor_much_before() -> None:
+    for now in (0.0, 12.3456, 86_400.0371):
+        for timeout in (0.001, 0.2, 1.0, 30.0):
+            end = expiry(now, timeout)
+            assert now + 0.95 * timeout - 1e-9 <= end <= now + timeout
+    # Long polls of 30 s that started within the same 50 ms step end in the same instant.
+    assert expiry(100.005, 30.0) == expiry(100.045, 30.0) == 130.0
+
+
+async def test_a_waiter_wakes_at_its_deadline_and_at_once_when_woken_before() -> None:
+    waiter = Waiter(1, None)
+    started = time.monotonic()
+    await waiter.wait(0.2)
+    assert 0.18 <= time.monotonic() - started < 1.0 and not waiter.woken
+    woken = Waiter(1, None)
+    woken._wake([_delivery(0)])
+    started = time.monotonic()
+    await woken.wait(30.0)
+    assert time.monotonic() - started < 1.0 and len(woken.take()) == 1
 
 
 # -- the runner's long polls ---------------------------------------------------------------------
