@@ -19,7 +19,9 @@ from typing import Any, TypeVar
 import httpx
 
 from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
+from consumer_sdk._http11 import Http11Pool
 from consumer_sdk._tls import Verify
+from consumer_sdk._wire import HttpAnswer
 from consumer_sdk.config import NO_RETRY, RetryPolicy
 from consumer_sdk.errors import ClientError, ServiceUnavailable
 from consumer_sdk.models import (
@@ -241,7 +243,12 @@ class Client(Closing, BaseClient):
 
 
 class AsyncClient(AsyncClosing, BaseClient):
-    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable."""
+    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable.
+
+    Without ``transport`` it sends through its own lean HTTP/1.1 pool
+    (:mod:`consumer_sdk._http11`; HTTPX's layers cost about as much client CPU as the rest of
+    a call); with one, through HTTPX and that transport, as :class:`Client` does.
+    """
 
     def __init__(
         self,
@@ -257,6 +264,16 @@ class AsyncClient(AsyncClosing, BaseClient):
         super().__init__(
             url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
         )
+        self._pool: Http11Pool | None = None
+        self._http: httpx.AsyncClient | None = None
+        if transport is None:
+            self._pool = Http11Pool(
+                self.url,
+                headers=self._headers,
+                verify=self._verify,
+                max_connections=max_connections,
+            )
+            return
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
@@ -270,7 +287,10 @@ class AsyncClient(AsyncClosing, BaseClient):
 
     async def aclose(self) -> None:
         """Close the connection pool; idempotent."""
-        await self._http.aclose()
+        if self._pool is not None:
+            await self._pool.aclose()
+        if self._http is not None:
+            await self._http.aclose()
 
     async def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
@@ -278,9 +298,21 @@ class AsyncClient(AsyncClosing, BaseClient):
         while True:
             try:
                 try:
-                    response = await self._http.request(
-                        call.method, call.path, **self._request_args(call)
-                    )
+                    response: HttpAnswer
+                    if self._pool is not None:
+                        response = await self._pool.request(
+                            call.method,
+                            call.path,
+                            params=call.params,
+                            content=self._content(call),
+                            timeout_s=call.timeout_s or self._timeout_s,
+                            replay=call.idempotent,
+                        )
+                    else:
+                        assert self._http is not None
+                        response = await self._http.request(
+                            call.method, call.path, **self._request_args(call)
+                        )
                 except httpx.HTTPError as exc:
                     raise self._translate(exc, call) from exc
                 return self._decode(response, call)
