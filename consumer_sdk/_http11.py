@@ -15,6 +15,7 @@ for the same failure, so ``BaseClient._translate`` stays the one place errors ar
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import ssl
 from collections.abc import Mapping
@@ -144,6 +145,21 @@ class _Connection(asyncio.Protocol):
             # come, so the connection cannot carry another request.
             self.close()
             raise
+
+    def readable(self) -> bool:
+        """Whether the idle socket has bytes (or the EOF) the loop has not read yet.
+
+        The peer's close may sit unread while the loop was busy or blocked (a server stopped
+        from the same process, a long synchronous handler), so reuse checks the socket
+        itself, as httpcore does.
+        """
+        sock = self._transport.get_extra_info("socket") if self._transport else None
+        fd = sock.fileno() if sock is not None else -1
+        if fd < 0:
+            return True
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def close(self) -> None:
         self.usable = False
@@ -276,7 +292,7 @@ class Http11Pool:
         now = asyncio.get_running_loop().time()
         while self._idle:
             conn = self._idle.pop()  # the most recently used: the least likely to be closed
-            if conn.usable and now - conn.idle_since < KEEPALIVE_EXPIRY_S:
+            if conn.usable and now - conn.idle_since < KEEPALIVE_EXPIRY_S and not conn.readable():
                 return conn
             conn.close()
             self._open.discard(conn)
