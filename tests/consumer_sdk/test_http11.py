@@ -122,6 +122,19 @@ async def test_connection_closed_by_the_server_while_idle_is_replaced(
     assert len(set(app.ports)) == 2
 
 
+def test_pool_runs_on_uvloop(served: tuple[str, App]) -> None:
+    """The benchmarks' load generators run on uvloop, whose transports differ."""
+    uvloop = pytest.importorskip("uvloop")
+    url, app = served
+
+    async def calls() -> list[Any]:
+        async with AsyncClient(url) as client:
+            return [await client.health() for _ in range(3)]
+
+    assert uvloop.run(calls()) == [{"status": "ok"}] * 3
+    assert len(set(app.ports)) == 1
+
+
 async def test_chunked_answer_is_read_whole(served: tuple[str, App]) -> None:
     url, _ = served
     async with AsyncClient(url) as client:
