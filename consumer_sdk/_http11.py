@@ -334,3 +334,41 @@ class Http11Pool:
         for conn in self._open:
             conn.close()
         self._open.clear()
+
+
+class HttpxSender:
+    """:meth:`Http11Pool.request` through HTTPX and a given transport (the tests' in-process
+    ASGI apps, custom networking): HTTPX's timeouts apply per phase there."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        headers: dict[str, str],
+        verify: bool | ssl.SSLContext,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport,
+    ) -> None:
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._http = httpx.AsyncClient(
+            base_url=url, headers=headers, transport=transport, limits=limits, verify=verify
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        content: bytes | None,
+        timeout_s: float,
+        replay: bool,
+    ) -> httpx.Response:
+        return await self._http.request(
+            method, path, params=params, content=content, timeout=timeout_s
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
-from consumer_sdk._http11 import Http11Pool
+from consumer_sdk._http11 import Http11Pool, HttpxSender
 from consumer_sdk._tls import Verify
 from consumer_sdk._wire import HttpAnswer
 from consumer_sdk.config import NO_RETRY, RetryPolicy
@@ -243,12 +243,9 @@ class Client(Closing, BaseClient):
 
 
 class AsyncClient(AsyncClosing, BaseClient):
-    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable.
-
-    Without ``transport`` it sends through its own lean HTTP/1.1 pool
-    (:mod:`consumer_sdk._http11`; HTTPX's layers cost about as much client CPU as the rest of
-    a call); with one, through HTTPX and that transport, as :class:`Client` does.
-    """
+    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable. Without
+    ``transport`` it sends through its own lean HTTP/1.1 pool (:mod:`consumer_sdk._http11`:
+    HTTPX's layers cost as much client CPU as the rest of a call); with one, through HTTPX."""
 
     def __init__(
         self,
@@ -264,33 +261,21 @@ class AsyncClient(AsyncClosing, BaseClient):
         super().__init__(
             url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
         )
-        self._pool: Http11Pool | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._http: Http11Pool | HttpxSender
         if transport is None:
-            self._pool = Http11Pool(
-                self.url,
-                headers=self._headers,
-                verify=self._verify,
+            self._http = Http11Pool(
+                self.url, headers=self._headers, verify=self._verify,
                 max_connections=max_connections,
-            )
-            return
-        limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
-        )
-        self._http = httpx.AsyncClient(
-            base_url=self.url,
-            headers=self._headers,
-            transport=transport,
-            limits=limits,
-            verify=self._verify,
-        )
+            )  # fmt: skip
+        else:
+            self._http = HttpxSender(
+                self.url, headers=self._headers, verify=self._verify,
+                max_connections=max_connections, transport=transport,
+            )  # fmt: skip
 
     async def aclose(self) -> None:
         """Close the connection pool; idempotent."""
-        if self._pool is not None:
-            await self._pool.aclose()
-        if self._http is not None:
-            await self._http.aclose()
+        await self._http.aclose()
 
     async def _request(self, call: Call[Any], retry: RetryPolicy | None = None) -> Any:
         policy = retry or self.retry
@@ -298,21 +283,14 @@ class AsyncClient(AsyncClosing, BaseClient):
         while True:
             try:
                 try:
-                    response: HttpAnswer
-                    if self._pool is not None:
-                        response = await self._pool.request(
-                            call.method,
-                            call.path,
-                            params=call.params,
-                            content=self._content(call),
-                            timeout_s=call.timeout_s or self._timeout_s,
-                            replay=call.idempotent,
-                        )
-                    else:
-                        assert self._http is not None
-                        response = await self._http.request(
-                            call.method, call.path, **self._request_args(call)
-                        )
+                    response: HttpAnswer = await self._http.request(
+                        call.method,
+                        call.path,
+                        params=call.params,
+                        content=self._content(call),
+                        timeout_s=call.timeout_s or self._timeout_s,
+                        replay=call.idempotent,
+                    )
                 except httpx.HTTPError as exc:
                     raise self._translate(exc, call) from exc
                 return self._decode(response, call)
