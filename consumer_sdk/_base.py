@@ -19,6 +19,7 @@ import orjson
 
 from consumer_sdk._tls import Verify, certificate_failure, tls_verify
 from consumer_sdk._wire import (
+    HttpAnswer,
     api_error,
     as_object,
     list_field,
@@ -149,13 +150,18 @@ class BaseClient:
     # -- transport boundary ------------------------------------------------------------------
     def _request_args(self, call: Call[Any]) -> dict[str, Any]:
         args: dict[str, Any] = {"timeout": call.timeout_s or self._timeout_s}
-        if call.content is not None:
-            args["content"] = call.content
-        elif call.body is not None:
-            args["content"] = orjson.dumps(call.body)
+        content = self._content(call)
+        if content is not None:
+            args["content"] = content
         if call.params:
             args["params"] = call.params
         return args
+
+    @staticmethod
+    def _content(call: Call[Any]) -> bytes | None:
+        if call.content is not None:
+            return call.content
+        return orjson.dumps(call.body) if call.body is not None else None
 
     def _translate(self, exc: httpx.HTTPError, call: Call[Any]) -> ClientError:
         where = f"{call.method} {self.url}{call.path}"
@@ -172,7 +178,7 @@ class BaseClient:
             return RequestTimeout(f"{where}: no answer in time: {exc!r}")
         return TransportError(f"{where}: {type(exc).__name__}: {exc}")
 
-    def _decode(self, response: httpx.Response, call: Call[Any]) -> Any:
+    def _decode(self, response: HttpAnswer, call: Call[Any]) -> Any:
         try:
             data = orjson.loads(response.content) if response.content else None
         except orjson.JSONDecodeError as exc:

@@ -6,11 +6,9 @@ Pure functions used by :mod:`consumer_sdk._base`; every malformed answer becomes
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Iterable, Mapping
+from typing import Any, Final, Protocol
 from urllib.parse import quote
-
-import httpx
 
 from consumer_sdk.errors import ApiError, ProtocolError, api_error_class
 from consumer_sdk.models import (
@@ -67,7 +65,22 @@ def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
     return out
 
 
-def api_error(response: httpx.Response, code: str, message: str) -> ApiError:
+class HttpAnswer(Protocol):
+    """What decoding reads of an answer: an ``httpx.Response`` or the lean pool's ``Answer``."""
+
+    @property
+    def status_code(self) -> int: ...
+    @property
+    def reason_phrase(self) -> str: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    @property
+    def content(self) -> bytes: ...
+    @property
+    def text(self) -> str: ...
+
+
+def api_error(response: HttpAnswer, code: str, message: str) -> ApiError:
     return api_error_class(response.status_code)(
         response.status_code,
         code,

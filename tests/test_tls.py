@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from consumer_sdk import (
+    AsyncClient,
     CertificateError,
     Client,
     Consumer,
@@ -261,6 +262,23 @@ def test_a_client_without_the_ca_fails_at_once_with_a_clear_error(tls_server: Tl
     assert "certificate" in message and "verify" in message and "--ca-file" in message, message
     assert not caught.value.retryable
     # Not retried with backoff: the default policy would take seconds over 5 attempts.
+    assert time.monotonic() - started < 2.0
+
+
+async def test_async_client_over_tls_trusts_the_ca_and_refuses_without_it(
+    tls_server: TlsServer,
+) -> None:
+    # AsyncClient's own HTTP/1.1 pool (no transport=), which builds its SSL context itself.
+    ca = tls_server.pki.ca_file
+    async with AsyncClient(tls_server.url, token=ADMIN, verify=ca) as client:
+        await client.create_topic("tls-async", 1)
+        assert "tls-async" in [t.name for t in await client.list_topics()]
+    started = time.monotonic()
+    async with AsyncClient(tls_server.url, token=ADMIN) as client:
+        with pytest.raises(CertificateError) as caught:
+            await client.list_topics()
+    message = str(caught.value)
+    assert "certificate" in message and "verify" in message and "--ca-file" in message, message
     assert time.monotonic() - started < 2.0
 
 
