@@ -18,6 +18,7 @@ import asyncio
 import select
 import socket
 import ssl
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, cast
@@ -336,9 +337,21 @@ class Http11Pool:
         self._open.clear()
 
 
+def proxied(url: str) -> bool:
+    """Whether an ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` variable applies to ``url``
+    (``NO_PROXY`` considered). HTTPX honours those and the lean pool does not, so such a
+    client keeps going through HTTPX."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    if not (proxies.get(parts.scheme) or proxies.get("all")):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
+
+
 class HttpxSender:
-    """:meth:`Http11Pool.request` through HTTPX and a given transport (the tests' in-process
-    ASGI apps, custom networking): HTTPX's timeouts apply per phase there."""
+    """:meth:`Http11Pool.request` through HTTPX: with a given transport (the tests'
+    in-process ASGI apps, custom networking), or HTTPX's own when a proxy variable applies
+    (``proxied``). HTTPX's timeouts apply per phase there."""
 
     def __init__(
         self,
@@ -347,7 +360,7 @@ class HttpxSender:
         headers: dict[str, str],
         verify: bool | ssl.SSLContext,
         max_connections: int,
-        transport: httpx.AsyncBaseTransport,
+        transport: httpx.AsyncBaseTransport | None,
     ) -> None:
         limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections

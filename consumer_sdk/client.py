@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import httpx
 
 from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
-from consumer_sdk._http11 import Http11Pool, HttpxSender
+from consumer_sdk._http11 import Http11Pool, HttpxSender, proxied
 from consumer_sdk._tls import Verify
 from consumer_sdk._wire import HttpAnswer
 from consumer_sdk.config import NO_RETRY, RetryPolicy
@@ -262,7 +262,7 @@ class AsyncClient(AsyncClosing, BaseClient):
             url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
         )
         self._http: Http11Pool | HttpxSender
-        if transport is None:
+        if transport is None and not proxied(self.url):
             self._http = Http11Pool(
                 self.url, headers=self._headers, verify=self._verify,
                 max_connections=max_connections,

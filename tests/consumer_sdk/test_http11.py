@@ -226,3 +226,16 @@ async def test_reused_connection_closed_before_any_answer_byte_is_replayed_once(
         with pytest.raises(TransportError, match="Server disconnected without sending"):
             await client.redrive("g")
         assert (raw.connections, raw.requests) == (2, 4)
+
+
+def test_a_proxy_variable_keeps_the_client_on_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    from consumer_sdk import AsyncClient
+    from consumer_sdk._http11 import Http11Pool, HttpxSender, proxied
+
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    assert proxied("http://cproxy.internal:8080")
+    assert not proxied("http://localhost:8080")
+    assert not proxied("https://cproxy.internal:8443")  # no HTTPS_PROXY
+    assert isinstance(AsyncClient("http://cproxy.internal:8080")._http, HttpxSender)
+    assert isinstance(AsyncClient("http://localhost:8080")._http, Http11Pool)
