@@ -14,12 +14,14 @@ session start-up and a warm-up write excluded:
 - ``to python``: the repartitioned and sorted rows reaching a Python worker through Arrow
   and being counted there: what feeding the sink costs Spark.
 
-``--old-ids`` adds ``sink, id scheme 1``: the same write with the message ids of sinks
-before id scheme 2 (a random row digest, no key digest first), an A/B of that change in
-the same run (the sink's code is otherwise the same). ``--extras`` adds the unordered write
-and the rewrite (every message a duplicate). Every measurement runs once per round, in
-rotating order; the report gives medians and each rate's ratio to Parquet's in the same
-round. Needs pyspark, pyarrow, pandas and Java 17.
+``--before`` adds, for an A/B in the same run, the write as the sink did it at c416505
+(``sink, as c416505``: id scheme 1, i.e. no key digest before the row digest, and one batch
+in flight) and ``sink, one in flight`` (today's ids, one batch in flight). An ``on_batch``
+hook that does nothing is what keeps one batch in flight; the server is the same.
+``--extras`` adds the unordered write and the rewrite (every message a duplicate).
+
+Every measurement runs once per round, in rotating order; the report gives medians and
+each rate's ratio to Parquet's in the same round. Needs pyspark, pyarrow, pandas and Java 17.
 
     python -m benchmarks.spark_sink --quick       # 100k rows, 1 round
     python -m benchmarks.spark_sink --rounds 3 --json spark.json   # 200k and 1M rows
@@ -49,7 +51,7 @@ from benchmarks.harness.report import (
     table,
 )
 from benchmarks.harness.server import servers
-from spark_sink import SinkOptions, WriteSummary, prepare
+from spark_sink import BatchInfo, SinkOptions, WriteSummary, prepare
 from spark_sink.producer import check_service
 from spark_sink.rowjson import RowEncoder
 from spark_sink.writer import PartitionJob, write_with_options
@@ -97,6 +99,10 @@ def row_path_write(df: Any, options: SinkOptions, ordered: bool = True) -> Write
     return WriteSummary.total(source.rdd.mapPartitionsWithIndex(job).collect())
 
 
+def ignore(info: BatchInfo) -> None:
+    """A batch hook: with one, the sink keeps one batch in flight (its order before)."""
+
+
 def count_batches(batches: Iterable[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
@@ -130,13 +136,21 @@ def measurements(
         shutil.rmtree(target, ignore_errors=True)
         return rows, rows
 
-    def sink_old_ids() -> tuple[int, int]:
-        options = new_options(url, batch_size=args.batch_size, id_scheme=1)
-        return write_with_options(df, options, service_checked=True).stored, rows
+    def sink_before(**changes: Any) -> Callable[[], tuple[int, int]]:
+        def run() -> tuple[int, int]:
+            options = new_options(url, batch_size=args.batch_size, **changes)
+            summary = write_with_options(df, options, on_batch=ignore, service_checked=True)
+            return summary.stored, rows
 
+        return run
+
+    before = {
+        "sink, as c416505": sink_before(id_scheme=1),
+        "sink, one in flight": sink_before(),
+    }
     runs: dict[str, Callable[[], tuple[int, int]]] = {
         "sink": sink,
-        **({"sink, id scheme 1": sink_old_ids} if args.old_ids else {}),
+        **(before if args.before else {}),
         "sink, row path": sink_rows,
         "parquet": parquet,
         "to python": lambda: (to_python(df), rows),
@@ -267,7 +281,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--extras", action="store_true", help="also unordered and rewrite")
     parser.add_argument(
-        "--old-ids", action="store_true", help="also the sink with id scheme 1 (A/B)"
+        "--before", action="store_true", help="also the sink as at c416505 (A/B in one run)"
     )
     parser.add_argument("--url", default=None, help="use this server instead of starting one")
     parser.add_argument(
