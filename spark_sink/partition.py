@@ -1,12 +1,10 @@
 """Writing one Spark partition: rows -> messages -> ordered batches -> one producer.
 
-Runs on executors. Batches of a partition are sent in order, and a batch holding a key of a
-batch in flight is sent only after that one was acknowledged, so the order in which a key's
-rows arrive here is the order in which they are stored. Batches that share no key may be in
-flight together (two; only when keys are known to be contiguous and no ``on_batch`` hook
-watches), which is why a full batch is cut where its last key starts. Requests run on
-sender threads while the next batch is encoded, so the worker does not sit idle while the
-server stores a batch.
+Runs on executors. Batches of a partition are sent strictly one after another and a batch
+is sent only after the previous one was acknowledged, so the order in which a key's rows
+arrive here is the order in which they are stored. The request runs on a sender thread
+while the next batch is encoded, so the worker does not sit idle while the server stores a
+batch.
 
 Message ids: ``<id_prefix><digest of the key><digest of the id columns>`` plus ``-<n>`` for
 the n-th (n >= 1) identical row of a key (id scheme 1, of earlier sinks, has no key digest;
@@ -18,9 +16,7 @@ in the task, which ``prepare()`` guarantees and the writer verifies.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, fields
@@ -93,43 +89,6 @@ class BatchInfo:
 BatchHook = Callable[[BatchInfo], None]
 
 
-@dataclass(slots=True)
-class _InFlight:
-    future: Future[list[ProduceResult]]
-    last_key: str | None
-
-
-class _Batch:
-    """Encoded messages of one request, with where their last key starts."""
-
-    __slots__ = ("before_last", "first_key", "last_key", "last_key_at", "messages", "size")
-
-    def __init__(self, messages: list[bytes] | None = None, key: str | None = None) -> None:
-        self.messages: list[bytes] = messages or []
-        self.size = _REQUEST_OVERHEAD + sum(len(m) + 1 for m in self.messages)
-        self.first_key = self.last_key = self.before_last = key
-        self.last_key_at = 0
-
-    def add(self, message: bytes, key: str | None) -> None:
-        if not self.messages:
-            self.first_key = self.last_key = key
-        elif key != self.last_key:
-            self.before_last, self.last_key = self.last_key, key
-            self.last_key_at = len(self.messages)
-        self.messages.append(message)
-        self.size += len(message) + 1
-
-    def split(self) -> tuple[_Batch, _Batch]:
-        """(the messages before the last key's, the last key's), or (all, none) when the
-        batch holds one key. Only for keys that are contiguous in the task."""
-        at = self.last_key_at
-        if at == 0:
-            return self, _Batch()
-        head = _Batch(self.messages[:at], self.first_key)
-        head.last_key = self.before_last
-        return head, _Batch(self.messages[at:], self.last_key)
-
-
 class PartitionWriter:
     """Encodes the rows of one partition and sends them in order; use once per task."""
 
@@ -158,13 +117,7 @@ class PartitionWriter:
         #: ``id_prefix`` plus, in id scheme 2, the current key's digest.
         self._key_id_prefix = options.id_prefix
         self._max_message_bytes = options.max_message_bytes
-        #: Batches sent and not yet counted, oldest first.
-        self._pending: deque[_InFlight] = deque()
-        # Two requests in flight only where nothing can observe their overlap: no hook (it
-        # sees each batch acknowledged before the next is sent) and keys known to be
-        # contiguous (checked in ``_start_key``), so batches that share no key hold no key
-        # in common at all.
-        self._slots = 2 if on_batch is None and (self._check_groups or self._verify) else 1
+        self._pending: Future[list[ProduceResult]] | None = None
         # Per-key state, reset when the key changes.
         self._started = False
         self._current_key: str | None = None
@@ -185,22 +138,20 @@ class PartitionWriter:
         Arrow path (:mod:`spark_sink.columns`) feeds directly."""
         stats = dict.fromkeys((f.name for f in fields(WriteSummary)), 0)
         stats["partitions"] = 1
-        batch = _Batch()
+        batch: list[bytes] = []
+        batch_bytes = _REQUEST_OVERHEAD
         kwargs: dict[str, Any] = {"transport": self._transport}
         if self._sleep is not None:
             kwargs["sleep"] = self._sleep
         max_request_bytes, batch_size = self._options.max_request_bytes, self._options.batch_size
-        encode, cut = self._encode, self._slots > 1
-        # Sender threads: a batch is sent while the next one is encoded here. A batch that
-        # shares a key with one in flight is sent only after that one was acknowledged (and
-        # counted), so each key's rows are stored in order and retried in order.
-        with contextlib.ExitStack() as stack:
-            producers = [
-                stack.enter_context(Producer(self._options, **kwargs)) for _ in range(self._slots)
-            ]
-            sender = stack.enter_context(
-                ThreadPoolExecutor(self._slots, thread_name_prefix="cproxy-sink-send")
-            )
+        encode = self._encode
+        # One sender thread: a batch is sent while the next one is encoded here. Still one
+        # request at a time, and a batch is sent only after the previous one was acknowledged
+        # (and its on_batch hook ran), so order, retries and the hook's view are unchanged.
+        with (
+            Producer(self._options, **kwargs) as producer,
+            ThreadPoolExecutor(1, thread_name_prefix="cproxy-sink-send") as sender,
+        ):
             try:
                 for converted, order_value in items:
                     stats["rows"] += 1
@@ -208,24 +159,26 @@ class PartitionWriter:
                     if message is None:
                         stats["skipped"] += 1
                         continue
-                    key = self._current_key
-                    while batch.messages and batch.size + len(message) + 1 > max_request_bytes:
-                        batch = self._flush(sender, producers, batch, stats, cut)
-                    batch.add(message, key)
+                    if batch and batch_bytes + len(message) + 1 > max_request_bytes:
+                        self._flush(sender, producer, batch, stats)
+                        batch, batch_bytes = [], _REQUEST_OVERHEAD
+                    batch.append(message)
+                    batch_bytes += len(message) + 1
                     # Flush as soon as a batch is full rather than when the next row arrives:
                     # the next row may take long to compute upstream.
-                    if len(batch.messages) >= batch_size:
-                        batch = self._flush(sender, producers, batch, stats, cut)
-                while batch.messages:
-                    batch = self._flush(sender, producers, batch, stats, cut=False)
-                while self._pending:
-                    self._settle(stats)
+                    if len(batch) >= batch_size:
+                        self._flush(sender, producer, batch, stats)
+                        batch, batch_bytes = [], _REQUEST_OVERHEAD
+                if batch:
+                    self._flush(sender, producer, batch, stats)
+                self._settle(stats)
             finally:
-                # On an error here, let the batches in flight finish before the task fails,
-                # so what is stored when the error surfaces no longer changes.
-                pending, self._pending = self._pending, deque()
-                wait([p.future for p in pending])
-            stats["retries"] = sum(p.retries for p in producers)
+                # On an error here, let the batch in flight finish before the task fails, so
+                # what is stored when the error surfaces no longer changes.
+                pending, self._pending = self._pending, None
+                if pending is not None:
+                    wait([pending])
+            stats["retries"] = producer.retries
         summary = WriteSummary(**stats)
         log.info("partition %d written: %s", self._partition_id, summary)
         return summary
@@ -233,28 +186,20 @@ class PartitionWriter:
     def _flush(
         self,
         sender: ThreadPoolExecutor,
-        producers: list[Producer],
-        batch: _Batch,
+        producer: Producer,
+        batch: list[bytes],
         stats: dict[str, int],
-        cut: bool,
-    ) -> _Batch:
-        """Send ``batch`` (up to its last key's first message when ``cut`` and that key is
-        not its only one, so the next batch shares no key with it); returns what is left."""
-        send, rest = batch.split() if cut else (batch, _Batch())
-        while self._pending and (
-            len(self._pending) >= self._slots
-            or any(p.last_key == send.first_key for p in self._pending)
-        ):
-            self._settle(stats)
-        # Batch n goes through producer n % slots, which batch n - slots no longer uses.
-        producer = producers[(stats["batches"] + len(self._pending)) % len(producers)]
-        future = sender.submit(producer.send, send.messages)
-        self._pending.append(_InFlight(future, send.last_key))
-        return rest
+    ) -> None:
+        """Start sending ``batch`` once the previous batch is acknowledged."""
+        self._settle(stats)
+        self._pending = sender.submit(producer.send, batch)
 
     def _settle(self, stats: dict[str, int]) -> None:
-        """Wait for the oldest batch in flight, count it and run the ``on_batch`` hook."""
-        results = self._pending.popleft().future.result()
+        """Wait for the batch in flight, count it and run the ``on_batch`` hook."""
+        if self._pending is None:
+            return
+        pending, self._pending = self._pending, None
+        results = pending.result()
         duplicates = sum(1 for r in results if r.duplicate)
         stats["sent"] += len(results)
         stats["duplicates"] += duplicates

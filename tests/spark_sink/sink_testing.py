@@ -3,7 +3,6 @@ from test files without the ambiguity of ``import conftest``)."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,17 +37,11 @@ class FakeCproxy:
     #: Like ``fail_next`` but the batch is stored first (a lost response).
     store_then_fail: list[int] = field(default_factory=list)
     requests: list[httpx.Request] = field(default_factory=list)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def transport(self) -> httpx.MockTransport:
         return httpx.MockTransport(self.handle)
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        # A writer may have two requests in flight; each call is atomic, as on the server.
-        with self._lock:
-            return self._handle(request)
-
-    def _handle(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if request.method == "GET" and request.url.path.startswith("/v1/topics/"):
             return httpx.Response(200, json={"name": "t", "queues": self.queues})

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
 from spark_sink import (
@@ -78,9 +76,8 @@ def test_writing_twice_stores_nothing_new(fake_cproxy: FakeCproxy) -> None:
 def test_identical_rows_stay_distinct_but_deterministic(fake_cproxy: FakeCproxy) -> None:
     data = [("a", 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")]
     write(fake_cproxy, data)
-    # Batches of different keys may be stored in either order; a key's are in order.
-    ids = [m.id for m in fake_cproxy.messages if m.key == "a"]
-    assert len(fake_cproxy.messages) == 4 and len(ids) == 3 and ids[1] == f"{ids[0]}-1"
+    ids = [m.id for m in fake_cproxy.messages]
+    assert len(ids) == 4 and ids[1] == f"{ids[0]}-1"
     assert write(fake_cproxy, data).duplicates == 4
 
 
@@ -94,20 +91,20 @@ def test_id_cols_define_identity(fake_cproxy: FakeCproxy) -> None:
 def test_ids_start_with_the_key_digest_so_a_keys_ids_sort_together(
     fake_cproxy: FakeCproxy,
 ) -> None:
-    data = [(None, 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")]
-    write(fake_cproxy, data, BASE.replace(id_prefix="job1:", null_keys="unkeyed"))
-    ids = {(m.key, m.body["seq"]): m.id or "" for m in fake_cproxy.messages}
-    for (key, _), message_id in ids.items():
-        assert message_id.startswith("job1:" + key_digest(key))
-        assert len(message_id) == len("job1:") + 8 + 32
-    assert len({key_digest(k) for k in (None, "a", "b")}) == 3
+    options = BASE.replace(id_prefix="job1:", null_keys="unkeyed")
+    write(fake_cproxy, [(None, 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")], options)
+    ids = [m.id or "" for m in fake_cproxy.messages]
+    starts = ["job1:" + key_digest(k) for k in (None, "a", "a", "b")]
+    assert [i[: len(s)] for i, s in zip(ids, starts, strict=True)] == starts
+    assert len(set(starts)) == 3 and all(len(i) == len("job1:") + 8 + 32 for i in ids)
     # Only the key digest differs between the layouts: the same rows under id scheme 1.
     old = FakeCproxy()
-    options = BASE.replace(id_prefix="job1:", null_keys="unkeyed", id_scheme=1)
-    write(old, data, options)
-    assert {(m.key, m.body["seq"]): m.id for m in old.messages} == {
-        where: i[:5] + i[13:] for where, i in ids.items()
-    }
+    write(
+        old,
+        [(None, 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")],
+        BASE.replace(id_prefix="job1:", null_keys="unkeyed", id_scheme=1),
+    )
+    assert [m.id for m in old.messages] == [i[:5] + i[13:] for i in ids]
 
 
 def test_id_scheme_1_reruns_a_write_of_an_earlier_sink(fake_cproxy: FakeCproxy) -> None:
@@ -116,61 +113,6 @@ def test_id_scheme_1_reruns_a_write_of_an_earlier_sink(fake_cproxy: FakeCproxy) 
     assert write(fake_cproxy, rows(), old).duplicates == 20
     # The layouts give different ids: re-running an old write needs id_scheme=1.
     assert write(fake_cproxy, rows()).stored == 20
-
-
-class Timed:
-    """A transport that holds every produce call a moment and records when it ran."""
-
-    def __init__(self, fake: FakeCproxy) -> None:
-        self.fake = fake
-        self.spans: list[tuple[float, float, set[str | None]]] = []
-
-    def handle(self, request: httpx.Request) -> httpx.Response:
-        started = time.monotonic()
-        time.sleep(0.02)
-        answer = self.fake.handle(request)
-        keys = {m.get("key") for m in orjson.loads(request.content)["messages"]}
-        self.spans.append((started, time.monotonic(), keys))
-        return answer
-
-    def most_in_flight(self) -> int:
-        return max(sum(1 for s, e, _ in self.spans if s <= at < e) for at, _, _ in self.spans)
-
-    def key_overlaps(self) -> list[tuple[set[str | None], set[str | None]]]:
-        """Pairs of calls that share a key and ran at the same time."""
-        spans = sorted(self.spans)
-        return [
-            (a[2], b[2])
-            for i, a in enumerate(spans)
-            for b in spans[i + 1 :]
-            if a[2] & b[2] and b[0] < a[1]
-        ]
-
-
-def timed_write(fake: FakeCproxy, **kwargs: Any) -> Timed:
-    timed = Timed(fake)
-    encoder = RowEncoder(SCHEMA, "ride", None, None, "seq")
-    transport = httpx.MockTransport(timed.handle)
-    PartitionWriter(BASE, encoder, transport=transport, **kwargs).write(rows())
-    return timed
-
-
-def test_batches_sharing_no_key_are_in_flight_together(fake_cproxy: FakeCproxy) -> None:
-    timed = timed_write(fake_cproxy)
-    # Full batches are cut where their last key starts, so the next one shares no key.
-    assert sorted(fake_cproxy.calls) == sorted([3, 2] * 4)
-    assert timed.most_in_flight() == 2
-    assert timed.key_overlaps() == []
-    for key, bodies in fake_cproxy.bodies_by_key().items():
-        assert [b["seq"] for b in bodies] == list(range(5)), key
-
-
-def test_a_batch_hook_sees_one_batch_in_flight_at_a_time(fake_cproxy: FakeCproxy) -> None:
-    seen: list[BatchInfo] = []
-    timed = timed_write(fake_cproxy, on_batch=seen.append)
-    assert fake_cproxy.calls == [3, 3, 3, 3, 3, 3, 2]
-    assert timed.most_in_flight() == 1
-    assert [b.batch_index for b in seen] == list(range(7))
 
 
 def test_failure_mid_partition_then_retry_has_no_duplicates_or_gaps(
