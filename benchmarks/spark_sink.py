@@ -14,9 +14,13 @@ session start-up and a warm-up write excluded:
 - ``to python``: the repartitioned and sorted rows reaching a Python worker through Arrow
   and being counted there: what feeding the sink costs Spark.
 
-``--extras`` adds the unordered write and the rewrite (every message a duplicate). Every
-measurement runs once per round, in rotating order; the report gives medians and each
-rate's ratio to Parquet's in the same round. Needs pyspark, pyarrow, pandas and Java 17.
+``--before`` adds ``sink, as c416505``: the same write with the message ids of the sink
+before id scheme 2 (``id_scheme=1``: no key digest before the row digest), which is all
+that changed in the sink since; an A/B in the same run, on the same server.
+``--extras`` adds the unordered write and the rewrite (every message a duplicate).
+
+Every measurement runs once per round, in rotating order; the report gives medians and
+each rate's ratio to Parquet's in the same round. Needs pyspark, pyarrow, pandas and Java 17.
 
     python -m benchmarks.spark_sink --quick       # 100k rows, 1 round
     python -m benchmarks.spark_sink --rounds 3 --json spark.json   # 200k and 1M rows
@@ -127,8 +131,13 @@ def measurements(
         shutil.rmtree(target, ignore_errors=True)
         return rows, rows
 
+    def sink_before() -> tuple[int, int]:
+        options = new_options(url, batch_size=args.batch_size, id_scheme=1)
+        return write_with_options(df, options, service_checked=True).stored, rows
+
     runs: dict[str, Callable[[], tuple[int, int]]] = {
         "sink": sink,
+        **({"sink, as c416505": sink_before} if args.before else {}),
         "sink, row path": sink_rows,
         "parquet": parquet,
         "to python": lambda: (to_python(df), rows),
@@ -258,6 +267,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--extras", action="store_true", help="also unordered and rewrite")
+    parser.add_argument(
+        "--before", action="store_true", help="also the sink as at c416505 (A/B in one run)"
+    )
     parser.add_argument("--url", default=None, help="use this server instead of starting one")
     parser.add_argument(
         "--client-only", action="store_true", help="the sink's own cost per row (no Spark)"

@@ -27,6 +27,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: Ids ride in every message; a prefix longer than this is almost certainly a mistake.
 MAX_ID_PREFIX_CHARS = 128
+#: Message id layouts (docs/spark.md "Message ids"): 2 puts a digest of the key before the
+#: row digest, 1 is the layout of earlier sinks (to re-run their writes within the window).
+ID_SCHEMES = (1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +46,7 @@ class SinkOptions:
     num_partitions: int | None = None
     null_keys: NullKeyPolicy = "error"
     id_prefix: str = ""
+    id_scheme: int = 2
     headers: tuple[tuple[str, str], ...] = ()
     token: str | None = field(default=None, repr=False)
     #: PEM CA bundle that signed an https:// server's certificate (a private CA). None: the
@@ -172,6 +176,7 @@ class SinkOptions:
             raise SinkConfigError(
                 f"cproxy sink: id_prefix must be a string of at most {MAX_ID_PREFIX_CHARS} chars"
             )
+        _check_int("id_scheme", self.id_scheme, ID_SCHEMES[0], ID_SCHEMES[-1])
         if not isinstance(self.verify_order, bool):
             raise SinkConfigError("cproxy sink: verify_order must be a bool")
         if self.ca_file is not None:

@@ -6,11 +6,12 @@ arrive here is the order in which they are stored. The request runs on a sender 
 while the next batch is encoded, so the worker does not sit idle while the server stores a
 batch.
 
-Message ids: ``<id_prefix><digest of the id columns>`` plus ``-<n>`` for the n-th (n >= 1)
-identical row of a key. Counting identical rows per key keeps genuine repeats as distinct
-messages while a task retry or a repeated write produces exactly the same ids again. The
-count is only well defined when a key's rows are contiguous in the task, which
-``prepare()`` guarantees and the writer verifies.
+Message ids: ``<id_prefix><digest of the key><digest of the id columns>`` plus ``-<n>`` for
+the n-th (n >= 1) identical row of a key (id scheme 1, of earlier sinks, has no key digest;
+see ``rowjson.key_digest`` for why the key comes first). Counting identical rows per key
+keeps genuine repeats as distinct messages while a task retry or a repeated write produces
+exactly the same ids again. The count is only well defined when a key's rows are contiguous
+in the task, which ``prepare()`` guarantees and the writer verifies.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from spark_sink.errors import (
 )
 from spark_sink.options import SinkOptions
 from spark_sink.producer import Producer, ProduceResult
-from spark_sink.rowjson import RowEncoder
+from spark_sink.rowjson import RowEncoder, key_digest
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,9 @@ class PartitionWriter:
         self._check_groups = encoder.ids_from_whole_row
         self._verify = options.verify_order and encoder.order_index is not None
         self._id_prefix = options.id_prefix
+        self._keyed_ids = options.id_scheme >= 2
+        #: ``id_prefix`` plus, in id scheme 2, the current key's digest.
+        self._key_id_prefix = options.id_prefix
         self._max_message_bytes = options.max_message_bytes
         self._pending: Future[list[ProduceResult]] | None = None
         # Per-key state, reset when the key changes.
@@ -230,7 +234,7 @@ class PartitionWriter:
         if self._verify:
             self._verify_order(key, order_value)
         digest = encoder.digest(converted)
-        message_id = self._id_prefix + digest
+        message_id = self._key_id_prefix + digest
         if self._check_groups:
             seen = self._occurrences.get(digest, 0)
             self._occurrences[digest] = seen + 1
@@ -258,6 +262,8 @@ class PartitionWriter:
                 "spark_sink.prepare(df, key_col, order_col) before df.write.format('cproxy')"
             )
         self._current_key = key
+        if self._keyed_ids:
+            self._key_id_prefix = self._id_prefix + key_digest(key)
         self._occurrences.clear()
         self._last_order = _UNSET
 

@@ -20,6 +20,7 @@ def test_defaults_and_normalisation() -> None:
     assert options.headers == (("a", "x"), ("z", "1"))
     assert options.batch_size == 500
     assert options.null_keys == "error"
+    assert options.id_scheme == 2
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,8 @@ def test_defaults_and_normalisation() -> None:
         ({"retry_max_ms": 10, "retry_initial_ms": 100}, "retry_max_ms"),
         ({"max_request_bytes": 100}, "max_request_bytes"),
         ({"id_prefix": "x" * 129}, "id_prefix"),
+        ({"id_scheme": 3}, "id_scheme"),
+        ({"id_scheme": 0}, "id_scheme"),
         ({"no_such": 1}, "unexpected keyword"),
     ],
 )
@@ -59,6 +62,7 @@ def test_from_strings_parses_types_and_headers() -> None:
             "id_cols": "ride_id,event",
             "header.source": "spark",
             "create_topic_queues": "8",
+            "idScheme": "1",
         }
     )
     assert options.batch_size == 250
@@ -67,6 +71,7 @@ def test_from_strings_parses_types_and_headers() -> None:
     assert options.id_cols == ("ride_id", "event")
     assert options.headers == (("source", "spark"),)
     assert options.create_topic_queues == 8
+    assert options.id_scheme == 1
 
 
 @pytest.mark.parametrize(

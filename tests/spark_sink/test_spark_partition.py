@@ -18,7 +18,7 @@ from spark_sink import (
     WriteSummary,
 )
 from spark_sink.partition import PartitionWriter
-from spark_sink.rowjson import RowEncoder
+from spark_sink.rowjson import RowEncoder, key_digest
 from tests.spark_sink.sink_testing import FakeCproxy
 
 SCHEMA = {
@@ -86,6 +86,33 @@ def test_id_cols_define_identity(fake_cproxy: FakeCproxy) -> None:
     summary = write(fake_cproxy, [("a", 1, "x"), ("a", 1, "changed"), ("a", 2, "y")], options)
     assert (summary.stored, summary.duplicates) == (2, 1)
     assert all(m.id and m.id.startswith("job1:") for m in fake_cproxy.messages)
+
+
+def test_ids_start_with_the_key_digest_so_a_keys_ids_sort_together(
+    fake_cproxy: FakeCproxy,
+) -> None:
+    options = BASE.replace(id_prefix="job1:", null_keys="unkeyed")
+    write(fake_cproxy, [(None, 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")], options)
+    ids = [m.id or "" for m in fake_cproxy.messages]
+    starts = ["job1:" + key_digest(k) for k in (None, "a", "a", "b")]
+    assert [i[: len(s)] for i, s in zip(ids, starts, strict=True)] == starts
+    assert len(set(starts)) == 3 and all(len(i) == len("job1:") + 8 + 32 for i in ids)
+    # Only the key digest differs between the layouts: the same rows under id scheme 1.
+    old = FakeCproxy()
+    write(
+        old,
+        [(None, 1, "x"), ("a", 1, "x"), ("a", 2, "y"), ("b", 1, "x")],
+        BASE.replace(id_prefix="job1:", null_keys="unkeyed", id_scheme=1),
+    )
+    assert [m.id for m in old.messages] == [i[:5] + i[13:] for i in ids]
+
+
+def test_id_scheme_1_reruns_a_write_of_an_earlier_sink(fake_cproxy: FakeCproxy) -> None:
+    old = BASE.replace(id_scheme=1)
+    write(fake_cproxy, rows(), old)
+    assert write(fake_cproxy, rows(), old).duplicates == 20
+    # The layouts give different ids: re-running an old write needs id_scheme=1.
+    assert write(fake_cproxy, rows()).stored == 20
 
 
 def test_failure_mid_partition_then_retry_has_no_duplicates_or_gaps(
