@@ -158,7 +158,7 @@ class Database:
         self._writer = Writer(
             functools.partial(self._connect, reader=False),
             group_commit=group_commit,
-            inline=not self.threads,
+            threads=self.threads,
         )
         self._reader: sqlite3.Connection | None = None
         self._read_limiter: CapacityLimiter | None = None

@@ -1,8 +1,10 @@
 """The SQLite store's writer: one connection, a queue of writes, and group commit.
 
-Every write costs a hop to a worker thread (~100 µs of event-loop time) and, if it is its own
-transaction, a COMMIT. With several producers at once that is the ceiling, so writes that queue
-up while the writer is busy are folded together: the next hop runs all of them (up to
+Transactions run either on the event loop's thread (``threads=False``: no hop, the loop waits
+for SQLite) or on a worker thread (``threads=True``: a hop costs ~100 µs of event-loop time,
+but the loop serves meanwhile); ``Database`` picks. Either way a write that is its own
+transaction costs a COMMIT, so writes that queue up while the writer is busy (or, on the loop,
+within the turn the leader waits) are folded together: the next batch runs all of them (up to
 ``MAX_BATCH_WEIGHT`` messages) in ONE transaction, each in its own SAVEPOINT. One write failing
 rolls back to its savepoint and raises to its own caller only; the others still commit. Every
 caller is answered only after the shared COMMIT succeeded, so a returned write is durable; if
@@ -12,7 +14,7 @@ Batches run in queue order (FIFO) and the writes inside a batch too, so later wr
 effects of earlier ones exactly as if each had committed on its own.
 
 There is no background task (a store has no task group to own one): the caller whose write is
-at the head of the queue leads. It runs one batch on the worker thread, then hands the lead to
+at the head of the queue leads. It runs one batch, then hands the lead to
 the caller now at the head, which finds more writes queued behind it. Everyone else just waits.
 
 Self-healing: a connection left inside a transaction (a ROLLBACK that failed) would make every
@@ -100,13 +102,12 @@ class Writer:
         connect: Callable[[], sqlite3.Connection],
         *,
         group_commit: bool = True,
-        inline: bool = False,
+        threads: bool = True,
     ) -> None:
         self._connect = connect
         self._group_commit = group_commit
-        #: Run transactions on the event loop's thread instead of the worker thread (see
-        #: ``Database``): no hop, at the price of the loop waiting for SQLite.
-        self.inline = inline
+        #: Transactions on a worker thread; False: on the event loop's thread (see ``Database``).
+        self.threads = threads
         self.conn: sqlite3.Connection | None = None
         self.limiter: CapacityLimiter | None = None
         #: Scratch space of the open transaction: what later writes of the same batch must see
@@ -193,7 +194,7 @@ class Writer:
                     job.wake.set()
 
     async def _run(self, batch: list[_Job]) -> None:
-        if self.inline:
+        if not self.threads:
             self._run_batch(batch)  # no await: nothing can cancel it half-way
             return
         assert self.limiter is not None
