@@ -57,9 +57,13 @@ class QueueCursor:
         self.scan_from = 0
         #: Unordered delayed messages released from memory (``cproxy.engine.delays``).
         self.delays = DelayWindow(progress.delayed, sample)
-        if progress.read_to is None:
+        if progress.read_to is None and progress.finished:
             self.legacy = OffsetTracker(progress.committed, progress.finished)
             self.fetch_offset = self.legacy.base
+        elif progress.read_to is None:
+            # No finished ranges (a new group's start offset): nothing at or above
+            # ``committed`` is finished, so no tracker needs asking on every message read.
+            self.fetch_offset = progress.committed
         else:
             self.fetch_offset = max(progress.read_to, progress.committed)
             self.restore = [(s, e) for s, e in progress.open if e > s]

@@ -70,7 +70,7 @@ class GroupEngine(Operations, QueueSet):
             progress,
             end_offsets,
             config.max_buffered,
-            self._order_value,
+            self._extract,
             self._seq,
             self._tally,
             screen,
@@ -150,6 +150,7 @@ class GroupEngine(Operations, QueueSet):
             return []
         self._topic_cursor = (self._topic_cursor + 1) % len(names)
         out: list[Delivery] = []
+        sent: list[Entry] = []  # what ``out`` hands out: one ack-timeout heap item for all
         deadline = now_ms + self.config.ack_timeout_ms
         for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
             before = len(out)
@@ -157,26 +158,34 @@ class GroupEngine(Operations, QueueSet):
                 if self._paused and self.set_aside(entry):
                     continue
                 run = len(out)
-                self._send(entry, deadline, now_ms, out, run)
+                self._send(entry, deadline, now_ms, out, run, sent)
                 chain = entry.chain
                 if max_per_key > 1 and chain is not None and chain.head is entry:
                     room = min(max_per_key - 1, max_messages - len(out))
                     for member in self._seq.take_run(chain, room):
-                        self._send(member, deadline, now_ms, out, run)
+                        self._send(member, deadline, now_ms, out, run, sent)
             self._counters[topic].delivered += len(out) - before
             if len(out) >= max_messages:
                 break
+        self._timeouts.push_all(deadline, sent)
         return out
 
     def _send(
-        self, entry: Entry, deadline_ms: int, now_ms: int, out: list[Delivery], run: int
+        self,
+        entry: Entry,
+        deadline_ms: int,
+        now_ms: int,
+        out: list[Delivery],
+        run: int,
+        sent: list[Entry],
     ) -> None:
+        """Hand ``entry`` out (into ``out``); the caller pushes ``sent`` on the timeouts heap."""
         attempt = entry.attempt = entry.attempt + 1
         self._tally.move(entry, _IN_FLIGHT)
         entry.deadline_ms = deadline_ms
         if attempt == 1:
             entry.blocked_since_ms = now_ms
-        self._timeouts.push(deadline_ms, entry)
+        sent.append(entry)
         message = entry.message
         self._in_flight[(message.topic, message.qid, message.offset)] = entry
         out.append(Delivery(message, attempt, run, entry.body_json))
@@ -185,14 +194,24 @@ class GroupEngine(Operations, QueueSet):
         """Apply acks and fails of in-flight messages; others are reported unknown."""
         applied = 0
         unknown: list[MessageRef] = []
+        in_flight = self._in_flight
         for result in results:
-            for offset in result.acks:
-                entry = self._take_in_flight(result, offset)
-                if entry is None:
-                    unknown.append((result.topic, result.qid, offset))
-                    continue
-                applied += 1
-                self._on_success(entry, now_ms)
+            if result.acks:
+                topic, qid = result.topic, result.qid
+                unfenced = result.attempts is None
+                acked = 0
+                for offset in result.acks:
+                    # ``_take_in_flight``, inlined for unfenced acks (one per acked message).
+                    if unfenced:
+                        entry = in_flight.pop((topic, qid, offset), None)
+                    else:
+                        entry = self._take_in_flight(result, offset)
+                    if entry is None:
+                        unknown.append((topic, qid, offset))
+                        continue
+                    acked += 1
+                    self._on_success(entry, now_ms)
+                applied += acked
             for offset, error in result.fails:
                 entry = self._take_in_flight(result, offset)
                 if entry is None:

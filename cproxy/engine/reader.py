@@ -59,7 +59,7 @@ class Reader:
 
     __slots__ = (
         "_cursors",
-        "_extract",
+        "_extractors",
         "_max_buffered",
         "_next_park_check_ms",
         "_rotation",
@@ -74,7 +74,7 @@ class Reader:
         progress: Mapping[QueueRef, QueueProgress],
         end_offsets: Mapping[QueueRef, int],
         max_buffered: int,
-        extract: Callable[[Message], str | None],
+        extractors: Mapping[str, Callable[[Message], str | None]],
         sequencer: Sequencer,
         tally: Tally,
         screen: Callable[[Message, bool], Entry | None] | None = None,
@@ -88,7 +88,7 @@ class Reader:
             for ref, p in progress.items()
         }
         self._max_buffered = max_buffered
-        self._extract = extract
+        self._extractors = dict(extractors)
         self._seq = sequencer
         self._tally = tally
         self._screen = screen or _hold
@@ -101,6 +101,9 @@ class Reader:
         self._unread: dict[QueueRef, QueueCursor] = {
             ref: cur for ref, cur in self._cursors.items() if _has_work(cur)
         }
+
+    def _extract(self, message: Message) -> str | None:
+        return self._extractors[message.topic](message)
 
     def cursor(self, topic: str, qid: int) -> QueueCursor | None:
         return self._cursors.get((topic, qid))
@@ -369,27 +372,38 @@ class Reader:
         )
 
     def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
+        # Runs for every message a group takes in: lookups are hoisted out of the loop, and
+        # without a filter or transform the entry is built here rather than by ``_screen``.
         limit = self._max_buffered
         window = cur.delays
+        tally = self._tally
+        extract = self._extractors[cur.topic]
+        admit = self._seq.admit
+        screen = None if self._screen is _hold else self._screen
+        legacy = cur.legacy
+        fetch_offset = cur.fetch_offset
         for message in messages:
-            if cur.is_finished(message.offset):
-                cur.fetch_offset = message.offset + 1
+            offset = message.offset
+            if legacy is not None and legacy.is_finished(offset):
+                fetch_offset = offset + 1
                 continue  # finished before a restart
             due = message.deliver_at_ms
-            value = self._extract(message)
+            value = extract(message)
             if due is not None and value is None and window.releases(due):
-                window.release(message.offset, due)  # far off: found again by a rescan
-                cur.fetch_offset = message.offset + 1
+                window.release(offset, due)  # far off: found again by a rescan
+                fetch_offset = offset + 1
                 continue
-            if self._tally.held >= limit:
+            if tally.held >= limit:
                 # An offer() on another queue may have used the space this read was
                 # planned with: stop here and read the rest later.
                 break
-            entry = self._screen(message, True)
-            if entry is not None:
-                self._seq.admit(entry, value)
-            cur.fetch_offset = message.offset + 1
-        cur.end_offset = max(cur.end_offset, cur.fetch_offset)
+            if screen is None:
+                admit(Entry(message), value)
+            elif (entry := screen(message, True)) is not None:
+                admit(entry, value)
+            fetch_offset = offset + 1
+        cur.fetch_offset = fetch_offset
+        cur.end_offset = max(cur.end_offset, fetch_offset)
 
     def _take_reload(
         self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Message]
