@@ -55,9 +55,18 @@ from benchmarks.harness.server import servers
 from benchmarks.harness.store import store_limit
 
 
-def cells(quick: bool, messages: int) -> list[Cell]:
+def cells(quick: bool, messages: int, sweeps: str | None = None) -> list[Cell]:
     """The cells; a quarter of the messages at batch 10 (slow), and in the full mode at
-    least one message per key."""
+    least one message per key. ``sweeps`` (comma-separated: base, keys, batch, pullers)
+    keeps only those sweeps' cells."""
+    every = _cells(quick, messages)
+    if sweeps is None:
+        return every
+    wanted = set(sweeps.split(","))
+    return [c for c in every if c.sweep in wanted]
+
+
+def _cells(quick: bool, messages: int) -> list[Cell]:
 
     def cell(sweep: str, keys: int, batch: int, pullers: int) -> Cell:
         n = messages if batch >= 100 else messages // 4
@@ -148,7 +157,7 @@ async def latency_runs(side: Side, args: Any) -> dict[str, Any]:
 
 
 async def run(args: Any, the_servers: Any) -> dict[str, Any]:
-    the_cells = cells(args.quick, args.messages)
+    the_cells = cells(args.quick, args.messages, args.sweeps)
     out: dict[str, Any] = {"commits": {s.source.label: s.source.commit for s in the_servers}}
     limits = {}
     for b in sorted({c.batch for c in the_cells}):
@@ -224,7 +233,7 @@ def latency_table(lat: dict[str, Any]) -> str:
 
 
 def report(out: dict[str, Any], args: Any) -> str:
-    the_cells = cells(args.quick, args.messages)
+    the_cells = cells(args.quick, args.messages, args.sweeps)
     commits = out["commits"]
     violations = sum(
         r["order_violations"] for side in out["cells"].values() for rs in side.values() for r in rs
@@ -277,6 +286,9 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, help="per latency run (default 20)")
     parser.add_argument("--latency-batch", type=int, default=20, help="produce batch")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument(
+        "--sweeps", help="only these sweeps' cells, comma-separated (base,keys,batch,pullers)"
+    )
     args = parser.parse_args()
     args.messages = args.messages or (4_000 if args.quick else 40_000)
     args.repeat = args.repeat or (1 if args.quick else 3)
