@@ -31,9 +31,10 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 # 4 KiB pages (SQLite's default): every commit writes each page it touched to the WAL in full,
-# so with small produce batches the page size sets the bytes per commit. Record batches spill
-# to overflow pages either way; 16 KiB pages (chosen when a row held one message) made
-# appends 1.2-1.4x slower (benchmarks/store_raw.py, docs/benchmarks.md). New files only.
+# so with small produce batches the page size sets the bytes per commit. A record batch of up
+# to ~4 KB stays in its leaf page (schema 4's rowid table), larger ones continue on overflow
+# pages; 16 KiB pages (chosen when a row held one message) made appends 1.2-1.4x slower
+# (benchmarks/store_raw.py, docs/benchmarks.md). New files only.
 PAGE_SIZE = 4096
 CACHE_KIB = 32 * 1024
 MMAP_BYTES = 256 * 1024 * 1024

@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 #: 2: topic retention (``topics.retention_ms``/``retention_bytes``), queue floors (``floors``),
 #: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
 #: 3: record batches (``batches``, one row per queue and produce call) replace ``messages``.
-SCHEMA_VERSION = 3
+#: 4: ``batches`` becomes a rowid table with a unique index on (tid, qid, base) (``_BATCHES``).
+SCHEMA_VERSION = 4
 
 #: Tables added by schema version 2.
 _V2_TABLES = (
@@ -35,16 +36,30 @@ _V2_TABLES = (
     "CREATE TABLE deleted_topics (tid INTEGER PRIMARY KEY)",
 )
 
-#: Tables added by schema version 3: record batches (``_records``), keyed (tid, qid, base)
-#: without rowid, so an append writes one b-tree entry per queue it touches (no second index:
-#: seek by time bisects this key) and a read is one range scan of it. A batch larger than
-#: ~1/4 page continues on overflow pages, written and read in sequence with it.
+#: Tables added by schema version 3 (its ``batches`` replaced by ``_BATCHES`` in 4): record
+#: batches (``_records``), keyed (tid, qid, base) without rowid, so an append writes one
+#: b-tree entry per queue it touches (no second index: seek by time bisects this key) and a
+#: read is one range scan of it. A batch larger than ~1/4 page continues on overflow pages.
 _V3_TABLES = (
     """CREATE TABLE batches (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,
         next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
         records BLOB NOT NULL,
         PRIMARY KEY (tid, qid, base)) WITHOUT ROWID""",
+)
+
+#: Schema version 4's ``batches``: the same columns in a rowid table, found by a unique index
+#: on (tid, qid, base). In a WITHOUT ROWID table (version 3) the whole row is the b-tree key,
+#: so its interior pages hold copies of entire rows, blobs included: with rows of a kilobyte
+#: or more, every commit of 8 queues' rows rewrote ~31 pages. A rowid table keeps the blobs in
+#: its leaves (interior pages hold rowids) and the index entries are a few bytes: ~15 pages
+#: per such commit, appends ~1.5x cheaper (docs/benchmarks.md, store format).
+_BATCHES = (
+    """CREATE TABLE batches (
+        tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,
+        next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,
+        records BLOB NOT NULL)""",
+    "CREATE UNIQUE INDEX batches_key ON batches (tid, qid, base)",
 )
 
 #: The batches holding offsets ``?3 <= off < ?4`` of queue (?1, ?2), in offset order: from the
@@ -96,7 +111,7 @@ _TABLES = (
         redriving INTEGER NOT NULL,
         PRIMARY KEY (grp, tid, qid, off)) WITHOUT ROWID""",
     *_V2_TABLES,
-    *_V3_TABLES,
+    *_BATCHES,
 )
 
 
@@ -124,6 +139,19 @@ def _messages_to_batches(conn: sqlite3.Connection) -> None:
     logger.info("moved %d messages into record batches", moved)
 
 
+def _batches_to_rowid_table(conn: sqlite3.Connection) -> None:
+    """Schema 4: copy the WITHOUT ROWID ``batches`` into the rowid table of ``_BATCHES``."""
+    conn.execute("ALTER TABLE batches RENAME TO batches_v3")
+    for statement in _BATCHES:
+        conn.execute(statement)
+    columns = "tid, qid, base, next_off, first_ts, last_ts, records"
+    moved = conn.execute(
+        f"INSERT INTO batches ({columns}) SELECT {columns} FROM batches_v3 ORDER BY tid, qid, base"
+    ).rowcount
+    conn.execute("DROP TABLE batches_v3")
+    logger.info("moved %d record batches into the version 4 table", moved)
+
+
 def _blob(value: bytes | None) -> bytes | None:
     return None if value is None else bytes(value)
 
@@ -137,6 +165,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
         *_V2_TABLES,
     ),
     3: (_messages_to_batches,),
+    4: (_batches_to_rowid_table,),
 }
 
 

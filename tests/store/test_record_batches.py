@@ -202,7 +202,7 @@ async def test_a_version_2_file_is_migrated_keeping_every_message(tmp_path: Path
     await s.open()
     try:
         conn = sqlite3.connect(tmp_path / "cproxy.db")
-        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("3",)
+        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("4",)
         assert (
             conn.execute("SELECT name FROM sqlite_master WHERE name = 'messages'").fetchall() == []
         )
@@ -240,5 +240,67 @@ async def test_a_version_2_file_with_no_or_one_message_is_migrated(
     try:
         assert [m.key for m in await s.read("t", 0, 0, 10)] == ["k"][:rows]
         assert (await s.append("t", [new(0, 1)], T0, 0))[0].offset == rows
+    finally:
+        await s.close()
+
+
+#: The record batch table of SQLite schema version 3 (WITHOUT ROWID, keyed by the whole row).
+V3_BATCHES = (
+    "CREATE TABLE batches (tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,"
+    " next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,"
+    " records BLOB NOT NULL, PRIMARY KEY (tid, qid, base)) WITHOUT ROWID"
+)
+
+
+def back_to_version_3(path: Path) -> None:
+    """Rewrite a closed store's file as schema version 3 kept it: the same batch rows in the
+    WITHOUT ROWID table."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN")
+        conn.execute("ALTER TABLE batches RENAME TO batches_v4")
+        conn.execute("DROP INDEX batches_key")
+        conn.execute(V3_BATCHES)
+        conn.execute("INSERT INTO batches SELECT * FROM batches_v4")
+        conn.execute("DROP TABLE batches_v4")
+        conn.execute("UPDATE meta SET v = '3' WHERE k = 'schema_version'")
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+async def test_a_version_3_file_is_migrated_keeping_every_batch(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.create_topic("t", 2, retention_ms=10**9)
+    sent = [new(i % 2, i, key=f"k{i % 5}", msg_id=f"id-{i}" if i % 3 else None) for i in range(90)]
+    for start in range(0, 90, 30):
+        await s.append("t", sent[start : start + 30], T0 + start, WINDOW)
+    before = {qid: await s.read("t", qid, 0, 1000) for qid in range(2)}
+    stats = await s.queue_stats("t")
+    await s.close()
+    back_to_version_3(tmp_path / "cproxy.db")
+    conn = sqlite3.connect(tmp_path / "cproxy.db")
+    assert conn.execute("SELECT count(*) FROM batches").fetchone() == (6,)
+    conn.close()
+
+    s = SqliteStore(tmp_path)
+    await s.open()
+    try:
+        conn = sqlite3.connect(tmp_path / "cproxy.db")
+        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("4",)
+        (table_sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'batches'"
+        ).fetchone()
+        assert "WITHOUT ROWID" not in table_sql
+        assert conn.execute("SELECT count(*) FROM batches").fetchone() == (6,)
+        conn.close()
+        assert {qid: await s.read("t", qid, 0, 1000) for qid in range(2)} == before
+        assert await s.queue_stats("t") == stats
+        # Seek by time, dedup and appends carry on over the migrated batches.
+        assert await s.offset_for_time("t", 0, T0 + 30) == before[0][15].offset
+        again = await s.append("t", [sent[1], new(1, 1000)], T0 + 500, WINDOW)
+        assert again[0].duplicate and (again[0].qid, again[0].offset) == (1, 0)
+        assert again[1].offset == stats[1].next_offset
     finally:
         await s.close()

@@ -136,7 +136,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        assert version == ("3",)
+        assert version == ("4",)
     finally:
         conn.close()
 
@@ -274,7 +274,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         await SqliteStore(tmp_path).open()
     # The failed open released the data dir: fixing the file makes it usable again.
     conn = raw(tmp_path / "cproxy.db")
-    conn.execute("UPDATE meta SET v = '3' WHERE k = 'schema_version'")
+    conn.execute("UPDATE meta SET v = '4' WHERE k = 'schema_version'")
     conn.close()
     s = SqliteStore(tmp_path)
     await s.open()
