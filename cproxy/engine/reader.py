@@ -190,8 +190,7 @@ class Reader:
                 if cur.catching_up:
                     continue  # its restore reads admit (or park) these messages first
                 count = min(RELOAD_SCAN_BATCH, cur.fetch_offset - start)
-                chain.reloading[qid] = start
-                del chain.parked[qid]
+                chain.start_reload(qid)
                 requests.append(
                     FetchRequest(
                         chain.topic, qid, start, count, cur.epoch, chain.value, cur.fetch_offset

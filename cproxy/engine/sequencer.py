@@ -67,6 +67,19 @@ class _NoEntries(deque[Entry]):
 _NO_ENTRIES = _NoEntries()
 
 
+class _NoOffsets(dict[int, int]):
+    """The shared, always empty ``parked``/``reloading`` of chains with nothing parked (nearly
+    all of them): a chain is created per key coming into memory, and two empty dicts each
+    time cost allocations for nothing. Writing to it is a bug (``note_parked`` and
+    ``start_reload`` give the chain its own dict first)."""
+
+    def __setitem__(self, key: int, value: int, /) -> None:
+        raise AssertionError("a chain's shared empty offsets were written to")
+
+
+_NO_OFFSETS = _NoOffsets()
+
+
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
@@ -80,10 +93,10 @@ class Chain:
         self.run: deque[Entry] = _NO_ENTRIES
         self.waiting: deque[Entry] = _NO_ENTRIES
         #: qid -> earliest offset dropped from memory and not yet reloaded.
-        self.parked: dict[int, int] = {}
+        self.parked: dict[int, int] = _NO_OFFSETS
         #: qid -> where a reload under way started; while one runs, arrivals stay parked to
         #: keep offset order.
-        self.reloading: dict[int, int] = {}
+        self.reloading: dict[int, int] = _NO_OFFSETS
         #: Set while the chain sleeps (its delayed head released too): when to reload it (ms).
         self.wake_ms: int | None = None
 
@@ -100,7 +113,18 @@ class Chain:
         """Remember that ``offset`` of queue ``qid`` was dropped and must be reloaded."""
         current = self.parked.get(qid)
         if current is None or offset < current:
+            if self.parked is _NO_OFFSETS:
+                self.parked = {}
             self.parked[qid] = offset
+
+    def start_reload(self, qid: int) -> int:
+        """A reload of queue ``qid`` is planned: its parked offset (returned) is now being
+        read back."""
+        start = self.parked.pop(qid)
+        if self.reloading is _NO_OFFSETS:
+            self.reloading = {}
+        self.reloading[qid] = start
+        return start
 
 
 class _ReadyQueue:
