@@ -51,8 +51,8 @@ from benchmarks.harness.report import (
     percentiles,
     table,
 )
-from benchmarks.harness.server import servers
-from benchmarks.harness.store import store_limit
+from benchmarks.harness.server import servers, tree_at
+from benchmarks.harness.store import store_limit, store_limit_in
 
 
 def cells(quick: bool, messages: int, sweeps: str | None = None) -> list[Cell]:
@@ -163,6 +163,16 @@ async def run(args: Any, the_servers: Any) -> dict[str, Any]:
     for b in sorted({c.batch for c in the_cells}):
         limits[str(b)] = await store_limit(b, BODY_BYTES, args.limit_messages, QUEUES)
     out["store_limit"] = limits
+    if args.limit_ref:
+        # The same store measurement with REF's store code, e.g. an older on-disk format.
+        with tree_at(args.limit_ref, label="L") as source:
+            out["ref_limit"] = {
+                "commit": source.commit,
+                **{
+                    str(b): store_limit_in(source.tree, b, BODY_BYTES, args.limit_messages, QUEUES)
+                    for b in sorted({c.batch for c in the_cells})
+                },
+            }
     async with sides(the_servers) as the_sides:
         out["cells"] = await rounds(
             the_sides, the_cells, args.repeat, lambda c: c.name, run_cell, describe
@@ -203,6 +213,24 @@ def cell_table(out: dict[str, Any], the_cells: list[Cell], label: str) -> str:
                 "store share of server CPU",
                 lambda c: pct(limit(c)["cpu_us_per_msg"] / s(c, "server_cpu_us_per_msg")),
             ),
+        ],
+        the_cells,
+    )
+
+
+def ref_limit_table(out: dict[str, Any], the_cells: list[Cell], ref: dict[str, Any]) -> str:
+    def e2e(c: Cell) -> float:
+        return median([r["msgs_per_s"] for r in out["cells"]["A"][c.name]])
+
+    def lim(c: Cell) -> float:
+        return float(ref[str(c.batch)]["limit_msgs_per_s"])
+
+    return table(
+        [
+            ("cell", lambda c: c.name),
+            ("A e2e msgs/s", lambda c: f"{e2e(c):,.0f}"),
+            ("its store limit msgs/s", lambda c: f"{lim(c):,.0f}"),
+            ("A e2e / that limit", lambda c: f"{e2e(c) / lim(c):.1%}"),
         ],
         the_cells,
     )
@@ -267,6 +295,14 @@ def report(out: dict[str, Any], args: Any) -> str:
             list(out["store_limit"]),
         )
     )
+    if "ref_limit" in out:
+        ref = out["ref_limit"]
+        text += [
+            "",
+            f"### A's e2e against the store limit of {ref['commit']} (measured in this run)",
+            "",
+            ref_limit_table(out, the_cells, ref),
+        ]
     for label, lat in out.get("latency", {}).items():
         text += [
             "",
@@ -286,6 +322,11 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, help="per latency run (default 20)")
     parser.add_argument("--latency-batch", type=int, default=20, help="produce batch")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument(
+        "--limit-ref",
+        metavar="REF",
+        help="also measure the raw store limit with the store code of git REF",
+    )
     parser.add_argument(
         "--sweeps", help="only these sweeps' cells, comma-separated (base,keys,batch,pullers)"
     )
