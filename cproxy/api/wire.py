@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import msgspec
 import orjson
 from starlette.responses import Response
 
@@ -21,7 +22,7 @@ from cproxy.broker import (
     Outcome,
     PullResult,
     PushStats,
-    delivery_json,
+    deliveries,
     message_json,
 )
 from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, TopicInfo
@@ -77,12 +78,19 @@ def outcome(o: Outcome) -> dict[str, Any]:
     return {"applied": o.applied, "unknown": refs(o.unknown)}
 
 
-def pull_result(r: PullResult, runs: bool = False) -> dict[str, Any]:
-    """With ``runs`` (``max_per_key`` > 1) each message names its run's first position."""
-    return {
-        "messages": [delivery_json(d, runs) for d in r.deliveries],
-        "results": outcome(Outcome(r.applied, r.unknown)),
-    }
+_encode = msgspec.json.Encoder().encode
+
+
+def pull_answer(r: PullResult, runs: bool = False) -> bytes:
+    """``{"messages": [delivery_json(d, runs), ...], "results": outcome}`` as bytes; with
+    ``runs`` (``max_per_key`` > 1) each message names its run's first position. The messages
+    are encoded from ``Struct``s (``deliveries``): the same JSON, cheaper per message."""
+    return _encode(
+        {
+            "messages": deliveries(r.deliveries, runs),
+            "results": outcome(Outcome(r.applied, r.unknown)),
+        }
+    )
 
 
 # -- groups ----------------------------------------------------------------------------------
