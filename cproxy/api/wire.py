@@ -27,6 +27,8 @@ from cproxy.broker import (
 )
 from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, TopicInfo
 
+_encode = msgspec.json.Encoder().encode
+
 
 def json_response(payload: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
@@ -60,11 +62,21 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
     }
 
 
+class _Stored(msgspec.Struct):
+    """One item of a produce answer, in the order of its keys."""
+
+    qid: int
+    offset: int
+    duplicate: bool
+
+
+class _Produced(msgspec.Struct):
+    results: list[_Stored]
+
+
 def produce_answer(results: Sequence[AppendResult]) -> bytes:
     """``{"results": [{"qid", "offset", "duplicate"}, ...]}`` as bytes."""
-    return orjson.dumps(
-        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
-    )
+    return _encode(_Produced([_Stored(r.qid, r.offset, r.duplicate) for r in results]))
 
 
 # -- consuming (the message shape lives with the broker: push requests use it too) -----------
@@ -76,9 +88,6 @@ def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
 
 def outcome(o: Outcome) -> dict[str, Any]:
     return {"applied": o.applied, "unknown": refs(o.unknown)}
-
-
-_encode = msgspec.json.Encoder().encode
 
 
 def pull_answer(r: PullResult, runs: bool = False) -> bytes:

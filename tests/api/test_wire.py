@@ -7,7 +7,7 @@ import pytest
 
 from cproxy.api import wire
 from cproxy.broker import Delivery, PullResult, delivery_json
-from cproxy.model import Message
+from cproxy.model import AppendResult, Message
 
 _KEYS = ["k1", None, 'q"uote\\', "caf\u00e9 \u2603", "tab\tnl\n\x01\x1f", "</script>", ""]
 
@@ -38,3 +38,11 @@ def test_a_pull_answer_is_the_json_of_its_dict_shape(runs: bool) -> None:
 def test_an_empty_pull_answer() -> None:
     answer = wire.pull_answer(PullResult([], 0, []))
     assert answer == b'{"messages":[],"results":{"applied":0,"unknown":[]}}'
+
+
+def test_a_produce_answer_is_the_json_of_its_dict_shape() -> None:
+    results = [AppendResult(1, 2**40, False, 5), AppendResult(0, 7, True, 3)]
+    expected = orjson.dumps(
+        {"results": [{"qid": r.qid, "offset": r.offset, "duplicate": r.duplicate} for r in results]}
+    )
+    assert wire.produce_answer(results) == expected
