@@ -62,7 +62,7 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
     }
 
 
-class _Stored(msgspec.Struct):
+class _Stored(msgspec.Struct, gc=False):
     """One item of a produce answer, in the order of its keys."""
 
     qid: int

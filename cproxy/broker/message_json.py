@@ -50,8 +50,9 @@ def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
     return out
 
 
-class Delivered(msgspec.Struct):
-    """``delivery_json`` as a ``Struct``: the fields in the order of its keys."""
+class Delivered(msgspec.Struct, gc=False):
+    """``delivery_json`` as a ``Struct``: the fields in the order of its keys. ``gc=False``:
+    it holds only strings, numbers and ``Raw`` bytes, never a cycle (see ``cproxy.model``)."""
 
     topic: str
     qid: int
