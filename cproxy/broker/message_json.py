@@ -7,7 +7,7 @@ headers are already valid JSON and are embedded verbatim with ``orjson.Fragment`
 Pull responses carry up to hundreds of messages each, so they are built from msgspec
 ``Struct``s instead (``deliveries``): a ``Struct`` is created in C and encoded field by field
 in declaration order, about 40 % cheaper per message than a dict of ``Fragment``s. Both build
-the same JSON object, keys in the same order (``tests/api/test_lean.py`` compares them).
+the same JSON object, keys in the same order (``tests/api/test_wire.py`` compares them).
 """
 
 from __future__ import annotations
