@@ -5,14 +5,21 @@ to look inside them (only a JSON-path ``order_by`` does), so decoding and re-enc
 every hop would be wasted work. The HTTP layer embeds them verbatim with ``orjson.Fragment``.
 
 ``Message``, ``NewMessage`` and ``AppendResult`` are built once per message on the hot path,
-so they are plain slotted dataclasses (a frozen dataclass's ``__init__`` costs about twice as
-much): treat them as immutable all the same.
+so they are cheap to build: ``Message`` is a plain slotted dataclass (a frozen dataclass's
+``__init__`` costs about twice as much); ``NewMessage`` and ``AppendResult`` are msgspec
+``Struct``s, built by C code for a third of what the dataclass's generated ``__init__`` costs
+(~60 ns against ~200 ns), with the same fields, positional and keyword construction, equality
+and ``repr``. ``gc=False``: they hold only strings, numbers, bytes and ``Message``s, so they can
+never be part of a reference cycle, and untracked objects do not count towards the cyclic
+collector's allocation threshold. Treat all three as immutable all the same.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
+import msgspec
 import orjson
 
 #: (topic, qid): one queue of one topic.
@@ -41,8 +48,7 @@ class Message:
         return (self.topic, self.qid, self.offset)
 
 
-@dataclass(slots=True)
-class NewMessage:
+class NewMessage(msgspec.Struct, gc=False):
     """A message of a produce call, from the HTTP layer to the store; nothing stored yet.
 
     ``qid`` is the queue the producer asked for, or ``None`` to let the broker choose: the
@@ -60,17 +66,27 @@ class NewMessage:
     deliver_at_ms: int | None = None
 
 
-@dataclass(slots=True)
-class AppendResult:
+class AppendResult(msgspec.Struct, gc=False, eq=False):
     qid: int
     offset: int
     duplicate: bool = False
     #: When the stored message was produced (the original's, for a duplicate). Not part of
     #: equality: two results are the same when they name the same stored message.
-    produced_at_ms: int = field(default=0, compare=False)
+    produced_at_ms: int = 0
     #: The ``Message`` as stored, so the broker can hand it to groups without rebuilding it;
     #: ``None`` for a duplicate (the original is not read back). Not part of equality.
-    message: Message | None = field(default=None, compare=False)
+    message: Message | None = None
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, AppendResult):
+            return NotImplemented
+        return (self.qid, self.offset, self.duplicate) == (
+            other.qid,
+            other.offset,
+            other.duplicate,
+        )
+
+    __hash__: Any = None  # mutable and compared by value, as the dataclass was
 
 
 @dataclass(frozen=True, slots=True)

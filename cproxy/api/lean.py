@@ -256,7 +256,7 @@ async def _pull(
         body.max_per_key,
         gone=partial(_disconnected, receive),
     )
-    return orjson.dumps(wire.pull_result(answer, runs=body.max_per_key > 1))
+    return wire.pull_answer(answer, runs=body.max_per_key > 1)
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -51,12 +51,15 @@ def plain(raw: bytes) -> bool:
     return _LONG_INTEGER not in shapes and _LONG_EXPONENT not in shapes
 
 
+def _shallow(raw: bytes) -> bool:
+    """Whether no JSON value inside ``raw`` can nest deeper than orjson encodes."""
+    return len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") < _SHALLOW_BYTES
+
+
 def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
     """The bytes to store for ``messages[index].body`` (sent as ``raw``); ``checked``: the
     whole request passed ``plain``."""
-    if (checked or plain(raw)) and (
-        len(raw) < _SHALLOW_BYTES or raw.count(b"[") + raw.count(b"{") < _SHALLOW_BYTES
-    ):
+    if (checked or plain(raw)) and _shallow(raw):
         return raw
     try:
         value = orjson.loads(raw)
@@ -77,11 +80,17 @@ def new_messages(
     ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over ``max_message_bytes``
     (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
     ``delay_ms`` and ``deliver_at_ms``."""
-    checked = plain(request)
+    plain_request = plain(request)
+    if plain_request and _shallow(request) and len(request) <= limits.max_message_bytes:
+        # The common case, checked once for the whole request: every body is stored as sent,
+        # and no message can be over the limit, as none is longer than the request: its body
+        # is a part of it, and key, id and headers take at most as many bytes in UTF-8
+        # (headers re-encoded compactly) as in the JSON text they were sent in.
+        return _as_sent(messages)
     items = []
     delays: list[int | None] | None = None
     for i, m in enumerate(messages):
-        body_json = stored_body(bytes(m.body), i, checked)
+        body_json = stored_body(bytes(m.body), i, plain_request)
         headers_json = orjson.dumps(m.headers) if m.headers else None
         size = len(body_json)
         if headers_json is not None:
@@ -95,9 +104,42 @@ def new_messages(
                 f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
             )
         items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
-        if m.delay_ms is not None:
-            if m.deliver_at_ms is not None:
-                raise InvalidRequest(f"messages[{i}] has both delay_ms and deliver_at_ms; give one")
-            delays = delays or [None] * len(messages)
-            delays[i] = m.delay_ms
+        delays = _delay(delays, i, m, len(messages))
     return items, delays
+
+
+def _as_sent(
+    messages: Sequence[OutMessage],
+) -> tuple[list[NewMessage], list[int | None] | None]:
+    """``new_messages`` once the whole request is known to be plain, shallow and within
+    ``max_message_bytes``: no check left per message but the delay fields."""
+    items = []
+    delays: list[int | None] | None = None
+    for i, m in enumerate(messages):
+        headers = m.headers
+        items.append(
+            NewMessage(
+                m.key,
+                bytes(m.body),
+                orjson.dumps(headers) if headers else None,
+                m.id,
+                m.qid,
+                m.deliver_at_ms,
+            )
+        )
+        if m.delay_ms is not None:
+            delays = _delay(delays, i, m, len(messages))
+    return items, delays
+
+
+def _delay(
+    delays: list[int | None] | None, index: int, m: OutMessage, count: int
+) -> list[int | None] | None:
+    """``delays`` with ``m.delay_ms`` at ``index`` (created on the first delayed message)."""
+    if m.delay_ms is None:
+        return delays
+    if m.deliver_at_ms is not None:
+        raise InvalidRequest(f"messages[{index}] has both delay_ms and deliver_at_ms; give one")
+    delays = delays or [None] * count
+    delays[index] = m.delay_ms
+    return delays

@@ -10,7 +10,7 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
 from .broker import Broker
-from .message_json import delivery_json, message_json
+from .message_json import deliveries, delivery_json, message_json
 from .push import PushStats
 from .runner import PullResult
 from .topics import SeekTarget
@@ -29,6 +29,7 @@ __all__ = [
     "PushStats",
     "Result",
     "SeekTarget",
+    "deliveries",
     "delivery_json",
     "message_json",
 ]

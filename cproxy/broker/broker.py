@@ -229,15 +229,20 @@ class Broker(QueueHosting):
         self._writes.append_succeeded()
         stored: dict[int, list[Message]] = {}
         for result in results:
-            if result.message is not None:
-                stored.setdefault(result.qid, []).append(result.message)
+            message = result.message
+            if message is not None:  # not a duplicate
+                group = stored.get(result.qid)
+                if group is None:
+                    stored[result.qid] = [message]
+                else:
+                    group.append(message)
         if stored:
             # Hand the new messages to caught-up groups directly: no store read needed.
             for runner in self.groups.values():
                 if runner.reads(topic):
                     runner.offer(topic, stored)
         if self._on_produced is not None:
-            self._on_produced(topic, sum(not r.duplicate for r in results))
+            self._on_produced(topic, sum(map(len, stored.values())))
         return results
 
     # -- groups --------------------------------------------------------------------------------

@@ -3,18 +3,26 @@
 ``cproxy.api.wire`` sends it in pull responses; ``cproxy.broker.push`` POSTs it to push
 endpoints, so both deliveries look the same to a consumer (docs/api.md). Stored bodies and
 headers are already valid JSON and are embedded verbatim with ``orjson.Fragment``.
+
+Pull responses carry up to hundreds of messages each, so they are built from msgspec
+``Struct``s instead (``deliveries``): a ``Struct`` is created in C and encoded field by field
+in declaration order, about 40 % cheaper per message than a dict of ``Fragment``s. Both build
+the same JSON object, keys in the same order (``tests/api/test_wire.py`` compares them).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import msgspec
 import orjson
 
 from cproxy.engine.snapshots import Delivery
 from cproxy.model import Message
 
 _NULL = orjson.Fragment(b"null")
+_RAW_NULL = msgspec.Raw(b"null")
 
 
 def message_json(m: Message) -> dict[str, Any]:
@@ -40,3 +48,56 @@ def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
     if runs:
         out["run"] = d.run
     return out
+
+
+class Delivered(msgspec.Struct, gc=False):
+    """``delivery_json`` as a ``Struct``: the fields in the order of its keys. ``gc=False``:
+    it holds only strings, numbers and ``Raw`` bytes, never a cycle (see ``cproxy.model``)."""
+
+    topic: str
+    qid: int
+    offset: int
+    key: str | None
+    body: msgspec.Raw
+    headers: msgspec.Raw
+    attempt: int
+    produced_at_ms: int
+
+
+class DeliveredInRun(Delivered):
+    """``delivery_json(d, runs=True)``: ``run`` comes last, as there."""
+
+    run: int
+
+
+def deliveries(items: Sequence[Delivery], runs: bool = False) -> list[Delivered]:
+    """``[delivery_json(d, runs) for d in items]`` as ``Struct``s, for msgspec to encode."""
+    raw = msgspec.Raw
+    if runs:
+        return [
+            DeliveredInRun(
+                m.topic,
+                m.qid,
+                m.offset,
+                m.key,
+                raw(m.body_json if body is None else body),
+                raw(m.headers_json) if m.headers_json else _RAW_NULL,
+                attempt,
+                m.produced_at_ms,
+                run,
+            )
+            for m, attempt, run, body in items
+        ]
+    return [
+        Delivered(
+            m.topic,
+            m.qid,
+            m.offset,
+            m.key,
+            raw(m.body_json if body is None else body),
+            raw(m.headers_json) if m.headers_json else _RAW_NULL,
+            attempt,
+            m.produced_at_ms,
+        )
+        for m, attempt, _, body in items
+    ]

@@ -21,7 +21,6 @@ batches, and a batch it cuts through stays until its last record is past the que
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields
 from typing import Any, NamedTuple
@@ -48,7 +47,21 @@ if _MESSAGE_FIELDS[3 : 3 + len(RECORD_FIELDS)] != RECORD_FIELDS or set(_MESSAGE_
         f"'offset' in order, {_MESSAGE_FIELDS[3:]}"
     )
 
-_record = operator.attrgetter(*RECORD_FIELDS)
+
+def _records_builder() -> Callable[[Sequence[Message]], list[tuple[Any, ...]]]:
+    """``records(messages)``: each message's ``RECORD_FIELDS`` values as a tuple. Generated
+    from ``RECORD_FIELDS`` as a list comprehension of attribute reads, which the interpreter
+    specializes: half the cost of an ``operator.attrgetter`` call per message (every produced
+    message goes through it)."""
+    values = "".join(f"m.{name}, " for name in RECORD_FIELDS)
+    source = f"def records(messages):\n    return [({values}) for m in messages]\n"
+    scope: dict[str, Any] = {}
+    exec(source, scope)  # fixed text, built from RECORD_FIELDS above
+    build: Callable[[Sequence[Message]], list[tuple[Any, ...]]] = scope["records"]
+    return build
+
+
+_records_of = _records_builder()
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder().decode
 _KEY, _BODY, _HEADERS, _ID, _TS = (
@@ -81,7 +94,7 @@ def batch(messages: Sequence[Message]) -> Batch:
         last.offset + 1,
         first.produced_at_ms,
         last.produced_at_ms,
-        _encode([_record(m) for m in messages])[header:],
+        _encode(_records_of(messages))[header:],
     )
 
 
