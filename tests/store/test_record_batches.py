@@ -9,6 +9,7 @@ batch are SQLite's own.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -155,12 +156,24 @@ V2_MESSAGES = (
 )
 
 
-def back_to_version_2(path: Path, stored: list[tuple[int, Message]]) -> None:
-    """Rewrite a closed store's file as schema version 2 kept it: ``stored`` (tid, message)
-    in the ``messages`` table, no batches."""
+def rewrite_as(path: Path, version: int, change: Callable[[sqlite3.Connection], None]) -> None:
+    """Apply ``change`` to a closed store's file and label it schema ``version``, in one
+    transaction: the file as that older version left it."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
         conn.execute("BEGIN")
+        change(conn)
+        conn.execute("UPDATE meta SET v = ? WHERE k = 'schema_version'", (str(version),))
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+def back_to_version_2(path: Path, stored: list[tuple[int, Message]]) -> None:
+    """Rewrite a closed store's file as schema version 2 kept it: ``stored`` (tid, message)
+    in the ``messages`` table, no batches."""
+
+    def change(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE batches")
         conn.execute(V2_MESSAGES)
         conn.executemany(
@@ -170,10 +183,8 @@ def back_to_version_2(path: Path, stored: list[tuple[int, Message]]) -> None:
                 for tid, m in stored
             ],
         )
-        conn.execute("UPDATE meta SET v = '2' WHERE k = 'schema_version'")
-        conn.execute("COMMIT")
-    finally:
-        conn.close()
+
+    rewrite_as(path, 2, change)
 
 
 async def test_a_version_2_file_is_migrated_keeping_every_message(tmp_path: Path) -> None:
@@ -255,16 +266,27 @@ V3_BATCHES = (
 def back_to_version_3(path: Path) -> None:
     """Rewrite a closed store's file as schema version 3 kept it: the same batch rows in the
     WITHOUT ROWID table."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("BEGIN")
+
+    def change(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE batches RENAME TO batches_v4")
         conn.execute("DROP INDEX batches_key")
         conn.execute(V3_BATCHES)
         conn.execute("INSERT INTO batches SELECT * FROM batches_v4")
         conn.execute("DROP TABLE batches_v4")
-        conn.execute("UPDATE meta SET v = '3' WHERE k = 'schema_version'")
-        conn.execute("COMMIT")
+
+    rewrite_as(path, 3, change)
+
+
+def batch_table(path: Path) -> tuple[str, int, bool]:
+    """The file's schema version, its batch rows, and whether ``batches`` is WITHOUT ROWID."""
+    conn = sqlite3.connect(path)
+    try:
+        (version,) = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
+        (rows,) = conn.execute("SELECT count(*) FROM batches").fetchone()
+        (table_sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'batches'"
+        ).fetchone()
+        return version, rows, "WITHOUT ROWID" in table_sql
     finally:
         conn.close()
 
@@ -280,21 +302,13 @@ async def test_a_version_3_file_is_migrated_keeping_every_batch(tmp_path: Path) 
     stats = await s.queue_stats("t")
     await s.close()
     back_to_version_3(tmp_path / "cproxy.db")
-    conn = sqlite3.connect(tmp_path / "cproxy.db")
-    assert conn.execute("SELECT count(*) FROM batches").fetchone() == (6,)
-    conn.close()
+    assert batch_table(tmp_path / "cproxy.db") == ("3", 6, True)
 
     s = SqliteStore(tmp_path)
     await s.open()
     try:
-        conn = sqlite3.connect(tmp_path / "cproxy.db")
-        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("4",)
-        (table_sql,) = conn.execute(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'batches'"
-        ).fetchone()
-        assert "WITHOUT ROWID" not in table_sql
-        assert conn.execute("SELECT count(*) FROM batches").fetchone() == (6,)
-        conn.close()
+        # The same rows, now in a rowid table.
+        assert batch_table(tmp_path / "cproxy.db") == ("4", 6, False)
         assert {qid: await s.read("t", qid, 0, 1000) for qid in range(2)} == before
         assert await s.queue_stats("t") == stats
         # Seek by time, dedup and appends carry on over the migrated batches.
