@@ -77,10 +77,8 @@ class GroupEngine(Operations, QueueSet):
         )
         self._in_flight: dict[MessageRef, Entry] = {}
         self._exhausted: dict[MessageRef, Entry] = {}
-        self._timeouts = DeadlineHeap(
-            lambda when, e: e.state is State.IN_FLIGHT and e.deadline_ms == when
-        )
-        self._retries = DeadlineHeap(lambda when, e: e.state is State.RETRYING and e.due_ms == when)
+        self._timeouts = DeadlineHeap(State.IN_FLIGHT, "deadline_ms")
+        self._retries = DeadlineHeap(State.RETRYING, "due_ms")
         self._topic_cursor = 0
         self._pending = CommitBatch()
         self._on_ack_latency_s = on_ack_latency_s

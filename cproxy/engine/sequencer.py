@@ -173,7 +173,7 @@ class Sequencer:
         #: Chains that ran dry with parked messages: the reader plans their reloads.
         self._reloads: list[Chain] = []
         #: DELAYED entries by due time (at most the held entries, with lazy deletion).
-        self._delayed = DeadlineHeap(lambda when, e: e.state is _DELAYED and e.due_ms == when)
+        self._delayed = DeadlineHeap(_DELAYED, "due_ms")
         #: Sleeping chains by wake time: (wake_ms, tie breaker, chain), one per sleeping key;
         #: an item is stale when the chain's ``wake_ms`` no longer matches.
         self._sleeping: list[tuple[int, int, Chain]] = []
