@@ -81,63 +81,46 @@ def new_messages(
     (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
     ``delay_ms`` and ``deliver_at_ms``."""
     plain_request = plain(request)
-    if plain_request and _shallow(request) and len(request) <= limits.max_message_bytes:
-        # The common case, checked once for the whole request: every body is stored as sent,
-        # and no message can be over the limit, as none is longer than the request: its body
-        # is a part of it, and key, id and headers take at most as many bytes in UTF-8
-        # (headers re-encoded compactly) as in the JSON text they were sent in.
-        return _as_sent(messages)
+    # The common case, checked once for the whole request: every body is stored as sent, and
+    # no message can be over the limit, as none is longer than the request: its body is a
+    # part of it, and key, id and headers take at most as many bytes in UTF-8 (headers
+    # re-encoded compactly) as in the JSON text they were sent in.
+    as_sent = plain_request and _shallow(request) and len(request) <= limits.max_message_bytes
     items = []
     delays: list[int | None] | None = None
     for i, m in enumerate(messages):
-        body_json = stored_body(bytes(m.body), i, plain_request)
         headers_json = orjson.dumps(m.headers) if m.headers else None
-        size = len(body_json)
-        if headers_json is not None:
-            size += len(headers_json)
-        if m.key is not None:
-            size += len(m.key.encode())
-        if m.id is not None:
-            size += len(m.id.encode())
-        if size > limits.max_message_bytes:
-            raise TooLarge(
-                f"messages[{i}] is {size} bytes; the limit is {limits.max_message_bytes}"
-            )
+        if as_sent:
+            body_json = bytes(m.body)
+        else:
+            body_json = stored_body(bytes(m.body), i, plain_request)
+            _check_size(i, m, body_json, headers_json, limits.max_message_bytes)
         items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
-        delays = _delay(delays, i, m, len(messages))
-    return items, delays
-
-
-def _as_sent(
-    messages: Sequence[OutMessage],
-) -> tuple[list[NewMessage], list[int | None] | None]:
-    """``new_messages`` once the whole request is known to be plain, shallow and within
-    ``max_message_bytes``: no check left per message but the delay fields."""
-    items = []
-    delays: list[int | None] | None = None
-    for i, m in enumerate(messages):
-        headers = m.headers
-        items.append(
-            NewMessage(
-                m.key,
-                bytes(m.body),
-                orjson.dumps(headers) if headers else None,
-                m.id,
-                m.qid,
-                m.deliver_at_ms,
-            )
-        )
         if m.delay_ms is not None:
             delays = _delay(delays, i, m, len(messages))
     return items, delays
 
 
+def _check_size(
+    index: int, m: OutMessage, body_json: bytes, headers_json: bytes | None, limit: int
+) -> None:
+    """``TooLarge`` when body, headers, key and id take more than ``limit`` UTF-8 bytes."""
+    size = len(body_json)
+    if headers_json is not None:
+        size += len(headers_json)
+    if m.key is not None:
+        size += len(m.key.encode())
+    if m.id is not None:
+        size += len(m.id.encode())
+    if size > limit:
+        raise TooLarge(f"messages[{index}] is {size} bytes; the limit is {limit}")
+
+
 def _delay(
     delays: list[int | None] | None, index: int, m: OutMessage, count: int
 ) -> list[int | None] | None:
-    """``delays`` with ``m.delay_ms`` at ``index`` (created on the first delayed message)."""
-    if m.delay_ms is None:
-        return delays
+    """``delays`` with ``m.delay_ms`` (not None) at ``index`` (created on the first delayed
+    message)."""
     if m.deliver_at_ms is not None:
         raise InvalidRequest(f"messages[{index}] has both delay_ms and deliver_at_ms; give one")
     delays = delays or [None] * count

@@ -42,10 +42,12 @@ class DeadlineHeap:
         return self._count
 
     def _live(self, when: int, entries: list[Entry]) -> list[Entry]:
-        state = self._state
-        if self._by_deadline:
-            return [e for e in entries if e.state is state and e.deadline_ms == when]
-        return [e for e in entries if e.state is state and e.due_ms == when]
+        state, by_deadline = self._state, self._by_deadline
+        return [
+            e
+            for e in entries
+            if e.state is state and (e.deadline_ms if by_deadline else e.due_ms) == when
+        ]
 
     def push(self, when_ms: int, entry: Entry) -> None:
         heapq.heappush(self._heap, (when_ms, next(self._seq), [entry]))

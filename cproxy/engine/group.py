@@ -192,24 +192,14 @@ class GroupEngine(Operations, QueueSet):
         """Apply acks and fails of in-flight messages; others are reported unknown."""
         applied = 0
         unknown: list[MessageRef] = []
-        in_flight = self._in_flight
         for result in results:
-            if result.acks:
-                topic, qid = result.topic, result.qid
-                unfenced = result.attempts is None
-                acked = 0
-                for offset in result.acks:
-                    # ``_take_in_flight``, inlined for unfenced acks (one per acked message).
-                    if unfenced:
-                        entry = in_flight.pop((topic, qid, offset), None)
-                    else:
-                        entry = self._take_in_flight(result, offset)
-                    if entry is None:
-                        unknown.append((topic, qid, offset))
-                        continue
-                    acked += 1
-                    self._on_success(entry, now_ms)
-                applied += acked
+            for offset in result.acks:
+                entry = self._take_in_flight(result, offset)
+                if entry is None:
+                    unknown.append((result.topic, result.qid, offset))
+                    continue
+                applied += 1
+                self._on_success(entry, now_ms)
             for offset, error in result.fails:
                 entry = self._take_in_flight(result, offset)
                 if entry is None:

@@ -117,14 +117,12 @@ class Chain:
                 self.parked = {}
             self.parked[qid] = offset
 
-    def start_reload(self, qid: int) -> int:
-        """A reload of queue ``qid`` is planned: its parked offset (returned) is now being
-        read back."""
+    def start_reload(self, qid: int) -> None:
+        """A reload of queue ``qid`` is planned: its parked offset is now being read back."""
         start = self.parked.pop(qid)
         if self.reloading is _NO_OFFSETS:
             self.reloading = {}
         self.reloading[qid] = start
-        return start
 
 
 class _ReadyQueue:
@@ -195,14 +193,8 @@ class Sequencer:
         key = (entry.message.topic, value)
         chain = self._chains.get(key)
         if chain is None:
-            # The common case with many keys (one message per key in memory): it heads a
-            # new chain. Same as ``_join`` with an empty chain, one call less per message.
             chain = self._chains[key] = Chain(key[0], value)
-            entry.chain = chain
-            chain.head = entry
-            self._make_head(entry, reactivated=False)
-            return True
-        if (chain.parked or chain.reloading) and not force:  # ``is_parked``, inlined
+        elif chain.is_parked and not force:
             chain.note_parked(entry.message.qid, entry.message.offset)
             return False
         self._join(entry, chain, reactivated=False)
@@ -365,10 +357,9 @@ class Sequencer:
             self._make_head(nxt, reactivated=True)
             return
         chain.head = None
-        if chain.parked:
-            if not chain.reloading:
-                self._reloads.append(chain)
-        elif not chain.reloading:  # not parked at all
+        if chain.parked and not chain.reloading:
+            self._reloads.append(chain)
+        elif not chain.is_parked:
             del self._chains[(chain.topic, chain.value)]
 
     # -- parking and reloads -------------------------------------------------------------------
