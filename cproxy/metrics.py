@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -166,6 +166,17 @@ class _EngineCollector(Collector):
         yield from group_gauges.values()
 
 
+_M = TypeVar("_M", Counter, Histogram)
+
+
+def _child(cache: dict[str, _M], family: _M, label: str) -> _M:
+    """``family.labels(label)``, looked up once per label and kept in ``cache``."""
+    child = cache.get(label)
+    if child is None:
+        child = cache[label] = family.labels(label)
+    return child
+
+
 class Metrics:
     """The service's collectors, in a registry of their own (no global state)."""
 
@@ -197,20 +208,14 @@ class Metrics:
         self.registry.register(_EngineCollector(broker))
 
     def on_produced(self, topic: str, count: int) -> None:
-        child = self._produced.get(topic)
-        if child is None:
-            child = self._produced[topic] = self.produced.labels(topic)
-        child.inc(count)
+        _child(self._produced, self.produced, topic).inc(count)
 
     def ack_latency_observer(self, group: str) -> Callable[[float], None]:
         """The produce-to-ack observer of ``group`` (seconds, one call per acked message)."""
         return self._ack_latencies.setdefault(group, _Latencies()).observe
 
     def observe_pull(self, group: str, seconds: float) -> None:
-        child = self._pulls.get(group)
-        if child is None:
-            child = self._pulls[group] = self.pull_seconds.labels(group)
-        child.observe(seconds)
+        _child(self._pulls, self.pull_seconds, group).observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
