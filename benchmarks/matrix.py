@@ -159,8 +159,9 @@ async def latency_runs(side: Side, args: Any) -> dict[str, Any]:
 async def run(args: Any, the_servers: Any) -> dict[str, Any]:
     the_cells = cells(args.quick, args.messages, args.sweeps)
     out: dict[str, Any] = {"commits": {s.source.label: s.source.commit for s in the_servers}}
+    batches = sorted({c.batch for c in the_cells})
     limits = {}
-    for b in sorted({c.batch for c in the_cells}):
+    for b in batches:
         limits[str(b)] = await store_limit(b, BODY_BYTES, args.limit_messages, QUEUES)
     out["store_limit"] = limits
     if args.limit_ref:
@@ -170,7 +171,7 @@ async def run(args: Any, the_servers: Any) -> dict[str, Any]:
                 "commit": source.commit,
                 **{
                     str(b): store_limit_in(source.tree, b, BODY_BYTES, args.limit_messages, QUEUES)
-                    for b in sorted({c.batch for c in the_cells})
+                    for b in batches
                 },
             }
     async with sides(the_servers) as the_sides:

@@ -318,9 +318,7 @@ class Http11Pool:
                 ssl=self._ssl,
                 server_hostname=self._host if self._ssl is not None else None,
             )
-        except ssl.SSLError as exc:
-            raise httpx.ConnectError(str(exc)) from exc
-        except socket.gaierror as exc:
+        except (ssl.SSLError, socket.gaierror) as exc:
             raise httpx.ConnectError(str(exc)) from exc
         except OSError as exc:
             # anyio's wording, which the HTTPX path reports for a refused connection.
