@@ -17,6 +17,7 @@ import pytest
 
 from cproxy.model import Message, NewMessage, QueueStats
 from cproxy.store import _records
+from cproxy.store._sqlite_schema import _V3_TABLES
 from cproxy.store.base import Store
 from cproxy.store.sqlite import SqliteStore
 
@@ -255,14 +256,6 @@ async def test_a_version_2_file_with_no_or_one_message_is_migrated(
         await s.close()
 
 
-#: The record batch table of SQLite schema version 3 (WITHOUT ROWID, keyed by the whole row).
-V3_BATCHES = (
-    "CREATE TABLE batches (tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,"
-    " next_off INTEGER NOT NULL, first_ts INTEGER NOT NULL, last_ts INTEGER NOT NULL,"
-    " records BLOB NOT NULL, PRIMARY KEY (tid, qid, base)) WITHOUT ROWID"
-)
-
-
 def back_to_version_3(path: Path) -> None:
     """Rewrite a closed store's file as schema version 3 kept it: the same batch rows in the
     WITHOUT ROWID table."""
@@ -270,7 +263,8 @@ def back_to_version_3(path: Path) -> None:
     def change(conn: sqlite3.Connection) -> None:
         conn.execute("ALTER TABLE batches RENAME TO batches_v4")
         conn.execute("DROP INDEX batches_key")
-        conn.execute(V3_BATCHES)
+        (v3_batches,) = _V3_TABLES  # the WITHOUT ROWID table schema 3 created
+        conn.execute(v3_batches)
         conn.execute("INSERT INTO batches SELECT * FROM batches_v4")
         conn.execute("DROP TABLE batches_v4")
 
