@@ -19,6 +19,7 @@ reports medians and B/A for e2e msgs/s and msgs per server CPU-second (latency p
     python -m benchmarks.matrix --quick                 # < 1 minute
     python -m benchmarks.matrix --json matrix.json      # full (about 4 minutes)
     python -m benchmarks.matrix --quick --ab ca76e14    # A/B against another commit
+    python -m benchmarks.matrix --quick --ab :pure      # compiled hot path against source
 """
 
 from __future__ import annotations

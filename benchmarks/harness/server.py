@@ -34,10 +34,22 @@ class Source:
     label: str
     tree: Path
     commit: str
+    #: Extra environment of the server process.
+    env: tuple[tuple[str, str], ...] = ()
+
+
+#: ``--ab`` value for "this tree with its hot path from source" (``cproxy/_native.py``): the
+#: compiler's gain, A/B in one run.
+PURE_REF = ":pure"
 
 
 def this_tree(label: str = "A") -> Source:
     return Source(label, REPO, git_commit(REPO))
+
+
+def this_tree_pure(label: str = "B") -> Source:
+    """This tree, with the compiled modules loaded from source (``CPROXY_PURE_PYTHON=1``)."""
+    return Source(label, REPO, f"{git_commit(REPO)} (source)", (("CPROXY_PURE_PYTHON", "1"),))
 
 
 @contextlib.contextmanager
@@ -97,7 +109,7 @@ class ServerProcess:
             cmd += ["--advertise-url", self.url]
         tree = str(self.source.tree)
         path = os.pathsep.join([tree, os.environ.get("PYTHONPATH", "")])
-        env = {**os.environ, "PYTHONPATH": path}
+        env = {**os.environ, "PYTHONPATH": path, **dict(self.source.env)}
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tree, env=env
@@ -153,13 +165,16 @@ def running(
 
 @contextlib.contextmanager
 def servers(prefix: str, ab_ref: str | None = None) -> Iterator[list[ServerProcess]]:
-    """One server from this tree (label A), plus one from ``ab_ref`` (label B) when given,
-    each on its own temporary data dir; all stopped and cleaned up on exit."""
+    """One server from this tree (label A), plus one from ``ab_ref`` (label B) when given
+    (``PURE_REF``: this tree, hot path from source), each on its own temporary data dir; all
+    stopped and cleaned up on exit."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         with contextlib.ExitStack() as stack:
             sources = [this_tree()]
-            if ab_ref is not None:
+            if ab_ref == PURE_REF:
+                sources.append(this_tree_pure())
+            elif ab_ref is not None:
                 sources.append(stack.enter_context(tree_at(ab_ref)))
             yield [stack.enter_context(running(root, s.label, s)) for s in sources]
     finally:

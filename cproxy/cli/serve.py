@@ -10,6 +10,7 @@ import logging
 import socket
 from typing import Any
 
+from cproxy import _native
 from cproxy.config import Settings
 from cproxy.errors import CproxyError
 from cproxy.logs import configure_logging
@@ -71,11 +72,12 @@ def serve(settings: Settings) -> None:
             raise SystemExit(f"cproxy: error: {exc.message}") from None
     listener = _listen(settings.host, settings.port)
     logger.info(
-        "serving on %s://%s:%d with data in %s",
+        "serving on %s://%s:%d with data in %s; hot path %s",
         "https" if settings.tls_enabled else "http",
         settings.host,
         settings.port,
         settings.data_dir.resolve() if settings.store_url is None else "PostgreSQL",
+        _native.status(),
     )
     app = create_app(settings)
     config = uvicorn.Config(

@@ -10,14 +10,16 @@ derived from state.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from mypy_extensions import trait
 
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.progress import committed_offset, parked_by_queue
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters
-from cproxy.engine.sequencer import Sequencer
+from cproxy.engine.sequencer import Chain, Sequencer
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome, QueuePosition, TopicCounts
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.errors import BlockedKeyNotFound, NotBlocked
@@ -35,6 +37,9 @@ _STATE_NAMES = {
 _NOT_BLOCKED = (State.READY, State.DELAYED)
 
 
+# A trait: when mypyc compiles the engine (``cproxy/_native.py``), a native class may have only
+# one base class that is not a trait.
+@trait
 class Operations:
     """Operator actions, mixed into ``GroupEngine``, which owns (and sets) this state."""
 
@@ -47,11 +52,23 @@ class Operations:
     _exhausted: dict[MessageRef, Entry]
     _retries: DeadlineHeap
     _pending: CommitBatch
-    _order_value: Callable[[Message], str | None]
-    _current: Callable[[MessageRef, int | None], Entry | None]
-    _send_back: Callable[..., None]
-    _compact_heaps: Callable[[], None]
-    _dead_letter: Callable[[Entry, int], None]
+
+    # GroupEngine's own methods. Declared as methods, not as attributes of a Callable type:
+    # in a compiled trait an attribute is a slot, which a method of the class does not fill.
+    def _order_value(self, message: Message) -> str | None:
+        raise NotImplementedError
+
+    def _current(self, ref: MessageRef, attempt: int | None) -> Entry | None:
+        raise NotImplementedError
+
+    def _send_back(self, chain: Chain, members: list[Entry], charged: Entry | None = None) -> None:
+        raise NotImplementedError
+
+    def _compact_heaps(self) -> None:
+        raise NotImplementedError
+
+    def _dead_letter(self, entry: Entry, now_ms: int) -> None:
+        raise NotImplementedError
 
     def seek(self, topic: str, targets: Mapping[int, int]) -> None:
         """Restart the given queues of ``topic`` at the given offsets (qid -> offset).

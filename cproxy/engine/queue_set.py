@@ -13,7 +13,9 @@ A proxy in a cluster serves only the queues it owns, and ownership moves. These 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+
+from mypy_extensions import trait
 
 from cproxy.engine.reader import Reader
 from cproxy.engine.sequencer import Sequencer
@@ -21,6 +23,7 @@ from cproxy.engine.work import Entry
 from cproxy.model import MessageRef, QueueProgress, QueueRef
 
 
+@trait  # see ``Operations``
 class QueueSet:
     """Queue membership verbs, mixed into ``GroupEngine`` (which sets this state)."""
 
@@ -30,8 +33,13 @@ class QueueSet:
     _persisted: dict[QueueRef, QueueProgress]
     #: Releasing queues, and their ready entries that ``pull`` set aside.
     _paused: dict[QueueRef, list[Entry]]
-    progress: Callable[[], dict[QueueRef, QueueProgress]]
-    seek: Callable[[str, Mapping[int, int]], None]
+
+    # Methods of GroupEngine and Operations (see ``Operations`` for why not attributes).
+    def progress(self) -> dict[QueueRef, QueueProgress]:
+        raise NotImplementedError
+
+    def seek(self, topic: str, targets: Mapping[int, int]) -> None:
+        raise NotImplementedError
 
     def serves(self, topic: str, qid: int) -> bool:
         """Whether the queue is part of this engine (paused or not)."""

@@ -37,6 +37,8 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from mypy_extensions import mypyc_attr
+
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.work import Entry, State, Tally
 
@@ -52,6 +54,9 @@ SLEEP_BEYOND_MS = 3000
 WAKE_LEAD_MS = 1500
 
 
+# Subclasses of built-in containers stay ordinary Python classes when mypyc compiles the
+# engine (``cproxy/_native.py``): native classes cannot extend ``deque`` or ``dict``.
+@mypyc_attr(native_class=False)
 class _NoEntries(deque[Entry]):
     """The shared, always empty ``run``/``waiting`` of chains that hold nothing there: an
     empty deque costs ~600 B, which a parked or sleeping key should not pay. Writing to it
@@ -67,6 +72,7 @@ class _NoEntries(deque[Entry]):
 _NO_ENTRIES = _NoEntries()
 
 
+@mypyc_attr(native_class=False)
 class _NoOffsets(dict[int, int]):
     """The shared, always empty ``parked``/``reloading`` of chains with nothing parked (nearly
     all of them): a chain is created per key coming into memory, and two empty dicts each

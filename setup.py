@@ -1,0 +1,89 @@
+"""Build hook: compiles the hot path with mypyc (``cproxy/_native.py`` says which modules and
+why). All other metadata is in ``pyproject.toml``.
+
+Without a working C compiler (or with ``CPROXY_PURE_PYTHON=1``) the install is pure Python:
+the same behaviour, slower. A failed compile prints one warning and the install goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+from typing import Any
+
+from setuptools import setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "cproxy" / "_native.py"))
+
+
+def _warn(message: str) -> None:
+    print(f"cproxy: {message}; installing the pure-Python hot path", file=sys.stderr)
+
+
+def _extensions() -> list[Any]:
+    if os.environ.get(NATIVE["PURE_ENV"]) == "1":
+        return []
+    try:
+        from mypyc.build import mypycify
+    except ImportError:
+        _warn("mypyc is not available")
+        return []
+    sources = [str(NATIVE["source_path"](m, HERE).relative_to(HERE)) for m in NATIVE["MODULES"]]
+    # Not the project's strict settings: the build environment has none of cproxy's
+    # dependencies, so their types are Any there (and some ignores look unused). Strict mypy
+    # runs on the sources in CI.
+    options = ["--config-file", os.devnull, "--ignore-missing-imports"]
+    _remove_stale_extensions()
+    record = NATIVE["record_build"](HERE)  # the sources as mypyc reads them now
+    try:
+        extensions = mypycify(options + sources, opt_level="3", group_name="cproxy_native")
+    except (Exception, SystemExit) as exc:  # mypy's errors end in SystemExit
+        _warn(f"mypyc could not compile the hot path ({exc!r})")
+        return []
+    OptionalBuildExt.record = record
+    return extensions
+
+
+def _remove_stale_extensions() -> None:
+    """In-place (editable) builds leave compiled modules in the source tree; one of a module
+    no longer in ``MODULES`` would still shadow its source, so it goes."""
+    keep = {NATIVE["source_path"](m, HERE) for m in NATIVE["MODULES"]}
+    for compiled in (HERE / "cproxy").rglob("*.so"):
+        # "group.cpython-311-x86_64-linux-gnu.so" is module "group" (module names hold no dot)
+        if compiled.with_name(compiled.name.split(".", 1)[0] + ".py") not in keep:
+            compiled.unlink()
+
+
+class OptionalBuildExt(build_ext):
+    """A compile that fails (no compiler, no Python headers) leaves the pure-Python install."""
+
+    #: What ``_extensions`` compiled; written next to the modules only once they all built.
+    record: dict[str, str] | None = None
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as exc:  # CCompilerError, DistutilsError, OSError: all mean "no"
+            _warn(f"compiling the hot path failed ({exc})")
+            return
+        if self.record is None:
+            return
+        # In the source tree (in-place and editable builds) and in the wheel's tree.
+        for root in {HERE, Path(self.build_lib).resolve()}:
+            if (root / "cproxy").is_dir():
+                (root / "cproxy" / NATIVE["BUILD_RECORD"]).write_text(json.dumps(self.record))
+
+    def build_extension(self, ext: Any) -> None:
+        try:
+            super().build_extension(ext)
+        except Exception as exc:
+            _warn(f"compiling {ext.name} failed ({exc})")
+            raise
+
+
+setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})
