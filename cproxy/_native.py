@@ -14,6 +14,11 @@ directly, so a mix of compiled and source modules would not work. ``CPROXY_PURE_
 in the environment loads them from source always (debugging, or an A/B benchmark of the
 compiler's gain), and at build time skips compiling.
 
+Writing for the compiler: module-level constants that hot code reads are ``Final`` (mypyc
+inlines literals and keeps other objects in C statics, where a plain global is a dict lookup
+on every read), and the classes that are read per message are native (``Message`` lives in
+``cproxy/_message.py`` for that reason).
+
 This module must stay importable on its own (``setup.py`` runs it before cproxy exists): the
 standard library only.
 """
@@ -37,6 +42,7 @@ logger = logging.getLogger(__name__)
 #: The compiled modules. Only sync, CPU-bound code whose every caller is typed: mypyc checks
 #: argument and attribute types at run time, and native classes cannot be monkeypatched.
 MODULES = (
+    "cproxy._message",
     "cproxy.engine.cursor",
     "cproxy.engine.deadlines",
     "cproxy.engine.delays",

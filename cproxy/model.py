@@ -22,30 +22,11 @@ from typing import Any
 import msgspec
 import orjson
 
-#: (topic, qid): one queue of one topic.
-QueueRef = tuple[str, int]
-#: (topic, qid, offset): one message.
-MessageRef = tuple[str, int, int]
-
-
-@dataclass(slots=True)
-class Message:
-    """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
-
-    topic: str
-    qid: int
-    offset: int
-    key: str | None
-    body_json: bytes
-    headers_json: bytes | None
-    id: str | None
-    produced_at_ms: int
-    #: Not delivered before this time (ms since the epoch); None: not delayed.
-    deliver_at_ms: int | None = None
-
-    @property
-    def ref(self) -> MessageRef:
-        return (self.topic, self.qid, self.offset)
+# Re-exported (the "X as X" form is what strict mypy reads as a re-export): ``Message`` lives
+# in its own module only so that mypyc compiles it.
+from cproxy._message import Message as Message  # noqa: PLC0414
+from cproxy._message import MessageRef as MessageRef  # noqa: PLC0414
+from cproxy._message import QueueRef as QueueRef  # noqa: PLC0414
 
 
 class NewMessage(msgspec.Struct, gc=False):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import struct
 from functools import lru_cache
+from typing import Final
 
 __all__ = ["RoundRobin", "key_hash", "murmur2", "queue_for_key"]
 
-_SEED = 0x9747B28C
-_M = 0x5BD1E995
-_MASK = 0xFFFFFFFF
+_SEED: Final = 0x9747B28C
+_M: Final = 0x5BD1E995
+_MASK: Final = 0xFFFFFFFF
 
 
 def murmur2(data: bytes) -> int:

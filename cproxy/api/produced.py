@@ -19,6 +19,7 @@ does) is each body checked on its own.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Final
 
 import orjson
 
@@ -30,16 +31,16 @@ from .bodies import OutMessage
 from .errors import BadBody
 
 #: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
-_SHALLOW_BYTES = 250
+_SHALLOW_BYTES: Final = 250
 #: Digits to "0", "e"/"E" to "e", everything else to " ", so that the risky spellings are
 #: found with two substring searches; "+" is deleted, so "e+400" reads as "e400".
-_SHAPES = bytes(
+_SHAPES: Final = bytes(
     ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord(" ")
     for c in range(256)
 )
 #: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats.
-_LONG_INTEGER = b"0" * 19
-_LONG_EXPONENT = b"e000"
+_LONG_INTEGER: Final = b"0" * 19
+_LONG_EXPONENT: Final = b"e000"
 
 
 def plain(raw: bytes) -> bool:

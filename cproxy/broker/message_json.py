@@ -13,7 +13,7 @@ the same JSON object, keys in the same order (``tests/api/test_wire.py`` compare
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import orjson
@@ -21,8 +21,8 @@ import orjson
 from cproxy.engine.snapshots import Delivery
 from cproxy.model import Message
 
-_NULL = orjson.Fragment(b"null")
-_RAW_NULL = msgspec.Raw(b"null")
+_NULL: Final = orjson.Fragment(b"null")
+_RAW_NULL: Final = msgspec.Raw(b"null")
 
 
 def message_json(m: Message) -> dict[str, Any]:

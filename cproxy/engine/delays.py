@@ -31,17 +31,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from cproxy.model import Message
 
 #: An unordered message due further than this (ms) from now is released, not held.
-RELEASE_BEYOND_MS = 3000
+RELEASE_BEYOND_MS: Final = 3000
 #: A rescan starts this long (ms) before the earliest released message is due (over a
 #: second, like ``sequencer.WAKE_LEAD_MS``, so what it admits is handed out on time).
-RESCAN_LEAD_MS = 1500
+RESCAN_LEAD_MS: Final = 1500
 #: At most this many segments: the horizon for new reads stops moving at the cap (until a
 #: rescan merges what it scanned into one segment).
-MAX_SEGMENTS = 8
+MAX_SEGMENTS: Final = 8
 
 #: (start offset, end offset, horizon ms).
 Segment = tuple[int, int, int]

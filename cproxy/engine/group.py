@@ -18,6 +18,7 @@ decides); it holds its own chain only (``cproxy.engine.sequencer``, ``cproxy.eng
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Final
 
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap
@@ -33,7 +34,9 @@ from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
-_IN_FLIGHT = State.IN_FLIGHT
+# Final: see cproxy/_native.py.
+_IN_FLIGHT: Final = State.IN_FLIGHT
+_OUT: Final = State.OUT
 
 
 class GroupEngine(Operations, QueueSet):
@@ -345,7 +348,7 @@ class GroupEngine(Operations, QueueSet):
 
     def _finish(self, entry: Entry) -> None:
         """The entry is acked or dead-lettered: record it and move its chain on."""
-        self._tally.move(entry, State.OUT)
+        self._tally.move(entry, _OUT)
         message = entry.message
         if entry.redriven:
             self._pending.redrive_done.append(message.ref)

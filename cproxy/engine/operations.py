@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
 from mypy_extensions import trait
 
@@ -34,7 +35,7 @@ _STATE_NAMES = {
 }
 
 #: Head states that do not block their key: ready, or delayed (waiting for its time).
-_NOT_BLOCKED = (State.READY, State.DELAYED)
+_NOT_BLOCKED: Final = (State.READY, State.DELAYED)
 
 
 # A trait: when mypyc compiles the engine (``cproxy/_native.py``), a native class may have only

@@ -18,6 +18,7 @@ buffer. Unordered delayed messages due far off are not held at all: a third kind
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Final
 
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Chain, Sequencer
@@ -25,13 +26,13 @@ from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 
 #: Largest read the reader asks for at once, in messages.
-FETCH_BATCH = 1000
+FETCH_BATCH: Final = 1000
 #: Messages scanned per store read while reloading a parked chain.
-RELOAD_SCAN_BATCH = 2000
+RELOAD_SCAN_BATCH: Final = 2000
 #: A head in flight this long (ms) counts as stuck when the buffer is full.
-PARK_AFTER_MS = 1000
+PARK_AFTER_MS: Final = 1000
 #: How often (ms) a full buffer is checked for stuck chains to park.
-PARK_CHECK_INTERVAL_MS = 100
+PARK_CHECK_INTERVAL_MS: Final = 100
 
 
 def _is_stuck(head: Entry, now_ms: int) -> bool:

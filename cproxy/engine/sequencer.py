@@ -36,22 +36,24 @@ import heapq
 import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
+from typing import Final
 
 from mypy_extensions import mypyc_attr
 
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.work import Entry, State, Tally
 
-_READY = State.READY
-_WAITING = State.WAITING
-_DELAYED = State.DELAYED
+# Final: see cproxy/_native.py.
+_READY: Final = State.READY
+_WAITING: Final = State.WAITING
+_DELAYED: Final = State.DELAYED
 
 #: A delayed chain head due further than this (ms) from now is not held: the chain sleeps.
-SLEEP_BEYOND_MS = 3000
+SLEEP_BEYOND_MS: Final = 3000
 #: A sleeping chain is reloaded this long (ms) before its head is due. Over a second: the
 #: driver's timer wakes at least once a second and then sleeps until the next due time, so
 #: a head read back this early is handed out on time.
-WAKE_LEAD_MS = 1500
+WAKE_LEAD_MS: Final = 1500
 
 
 # Subclasses of built-in containers stay ordinary Python classes when mypyc compiles the
@@ -69,7 +71,7 @@ class _NoEntries(deque[Entry]):
         raise AssertionError("a chain's shared empty deque was written to")
 
 
-_NO_ENTRIES = _NoEntries()
+_NO_ENTRIES: Final = _NoEntries()
 
 
 @mypyc_attr(native_class=False)
@@ -83,7 +85,7 @@ class _NoOffsets(dict[int, int]):
         raise AssertionError("a chain's shared empty offsets were written to")
 
 
-_NO_OFFSETS = _NoOffsets()
+_NO_OFFSETS: Final = _NoOffsets()
 
 
 class Chain:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from cproxy.model import Message
 
@@ -45,7 +45,7 @@ class State(enum.IntEnum):
     OUT = 6
 
 
-_OUT = State.OUT
+_OUT: Final = State.OUT
 
 #: Every state an entry held in memory can be in: what ``max_buffered`` bounds.
 HELD = (

@@ -1,0 +1,59 @@
+"""``Message``, in a module of its own so that mypyc compiles it (``cproxy/_native.py``): the
+compiled engine and store read its fields several times per message, and a native class's
+fields are read directly instead of through Python's attribute lookup. ``cproxy.model``
+re-exports it; import it from there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: (topic, qid): one queue of one topic.
+QueueRef = tuple[str, int]
+#: (topic, qid, offset): one message.
+MessageRef = tuple[str, int, int]
+
+
+@dataclass(slots=True)
+class Message:
+    """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
+
+    topic: str
+    qid: int
+    offset: int
+    key: str | None
+    body_json: bytes
+    headers_json: bytes | None
+    id: str | None
+    produced_at_ms: int
+    #: Not delivered before this time (ms since the epoch); None: not delayed.
+    deliver_at_ms: int | None = None
+
+    # Written out although ``dataclass`` would generate the same: a generated ``__init__``
+    # is interpreted Python, this one is compiled with the class (``dataclass`` keeps an
+    # ``__init__`` the class defines).
+    def __init__(
+        self,
+        topic: str,
+        qid: int,
+        offset: int,
+        key: str | None,
+        body_json: bytes,
+        headers_json: bytes | None,
+        id: str | None,
+        produced_at_ms: int,
+        deliver_at_ms: int | None = None,
+    ) -> None:
+        self.topic = topic
+        self.qid = qid
+        self.offset = offset
+        self.key = key
+        self.body_json = body_json
+        self.headers_json = headers_json
+        self.id = id
+        self.produced_at_ms = produced_at_ms
+        self.deliver_at_ms = deliver_at_ms
+
+    @property
+    def ref(self) -> MessageRef:
+        return (self.topic, self.qid, self.offset)
