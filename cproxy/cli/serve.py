@@ -42,6 +42,14 @@ def tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def freeze_startup_objects() -> None:
+    """Move every object alive now (modules, the app, its routes and schemas: ~65k) out of the
+    collector's sight for good. A full collection otherwise walks them all every time, 10-30
+    ms with the server stalled, which showed as the latency tail at high rates."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(settings: Settings) -> None:
     """Run the service until SIGINT/SIGTERM; shutdown persists every group's progress."""
     import uvicorn
@@ -80,6 +88,7 @@ def serve(settings: Settings) -> None:
         _native.status(),
     )
     app = create_app(settings)
+    freeze_startup_objects()
     config = uvicorn.Config(
         app,
         host=settings.host,
