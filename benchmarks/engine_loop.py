@@ -15,7 +15,6 @@ of the sides; medians of ``time.process_time`` µs per delivered message, and th
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from benchmarks.harness.report import (
     median,
     progress,
 )
+from cproxy.cli.serve import tune_gc
 
 QUEUES = 8
 BODY = b'{"i":1,"pad":"' + b"x" * 80 + b'"}'
@@ -46,8 +46,6 @@ def run_engine(messages: int, batch: int, keys: int) -> dict[str, Any]:
     from cproxy.model import Message, QueueProgress
     from cproxy.placement import queue_for_key
 
-    # As in ``cproxy serve`` (cli/serve.py: GC_THRESHOLDS).
-    gc.set_threshold(50_000, 10, 10)
     config = GroupConfig.from_dict({"topics": {"t": {"order_by": "key"}}})
     progress_ = {("t", q): QueueProgress(0) for q in range(QUEUES)}
     engine = GroupEngine("g", config, progress_, {ref: 0 for ref in progress_})
@@ -122,6 +120,7 @@ def main() -> None:
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        tune_gc()  # as in ``cproxy serve``
         print(orjson.dumps(run_engine(*args.child)).decode())
         return
     messages = args.messages or (100_000 if args.quick else 400_000)

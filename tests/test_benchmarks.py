@@ -27,3 +27,13 @@ def test_benchmark_script_imports(module: str) -> None:
 def test_the_harness_package_imports() -> None:
     for m in pkgutil.iter_modules(importlib.import_module("benchmarks.harness").__path__):
         importlib.import_module(f"benchmarks.harness.{m.name}")
+
+
+def test_the_engine_loop_delivers_every_message_once_and_says_how_it_ran() -> None:
+    from benchmarks.engine_loop import run_engine
+    from cproxy import _native
+
+    out = run_engine(2_000, 100, 300)
+    assert out["delivered"] == 2_000
+    assert out["us_per_msg"] > 0
+    assert out["hot_path"] == _native.status()
