@@ -78,12 +78,5 @@ class OptionalBuildExt(build_ext):
             if (root / "cproxy").is_dir():
                 (root / "cproxy" / NATIVE["BUILD_RECORD"]).write_text(json.dumps(self.record))
 
-    def build_extension(self, ext: Any) -> None:
-        try:
-            super().build_extension(ext)
-        except Exception as exc:
-            _warn(f"compiling {ext.name} failed ({exc})")
-            raise
-
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": OptionalBuildExt})

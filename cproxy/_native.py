@@ -1,7 +1,7 @@
 """The hot path compiled with mypyc, and when the compiled modules are used.
 
-``setup.py`` compiles the modules in ``MODULES`` (the engine, the append plan, record batches,
-produce checks, pull answers, placement: pure, strictly typed Python) into C extensions with
+``setup.py`` compiles the modules in ``MODULES`` (the engine, ``Message``, the append plan,
+record batches, produce checks, topic placement: pure, strictly typed Python) into C extensions with
 mypyc when cproxy is installed and a C compiler is there; without one the install is pure
 Python, and nothing else changes. The ``.py`` stays next to each compiled module and is the
 source of truth. A compiled module is only used while it was built from exactly that source:
@@ -40,7 +40,10 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 #: The compiled modules. Only sync, CPU-bound code whose every caller is typed: mypyc checks
-#: argument and attribute types at run time, and native classes cannot be monkeypatched.
+#: argument and attribute types at run time, and native classes cannot be monkeypatched. None
+#: may define a msgspec ``Struct``: mypyc drops the keyword arguments of the classes it
+#: compiles, so ``gc=False`` or ``omit_defaults=True`` would silently not apply (the answer
+#: encoders, ``api/wire.py`` and ``broker/message_json.py``, stay Python for that reason).
 MODULES = (
     "cproxy._message",
     "cproxy.engine.cursor",
@@ -63,8 +66,6 @@ MODULES = (
     "cproxy.store._append_plan",
     "cproxy.store._records",
     "cproxy.api.produced",
-    "cproxy.api.wire",
-    "cproxy.broker.message_json",
     "cproxy.broker.topics",
     "cproxy.placement",
 )
@@ -103,15 +104,16 @@ def compiled_modules(root: Path = _ROOT) -> list[str]:
     ]
 
 
-def stale_modules(root: Path = _ROOT) -> list[str]:
+def stale_modules(root: Path = _ROOT, compiled: Sequence[str] | None = None) -> list[str]:
     """Modules whose source differs from what was compiled, or that were not compiled (a
-    build that failed half-way): all of them without a build record."""
+    build that failed half-way): all of them without a build record. ``compiled``: what
+    ``compiled_modules(root)`` returned, if the caller has it already."""
     try:
         built = json.loads((root / "cproxy" / BUILD_RECORD).read_text())
     except (OSError, ValueError):
         return list(MODULES)
-    compiled = set(compiled_modules(root))
-    return [m for m in MODULES if m not in compiled or built.get(m) != digest(source_path(m, root))]
+    present = set(compiled_modules(root) if compiled is None else compiled)
+    return [m for m in MODULES if m not in present or built.get(m) != digest(source_path(m, root))]
 
 
 class _FromSource(importlib.abc.MetaPathFinder):
@@ -135,18 +137,19 @@ def install() -> str:
     """Decide, once per process, whether ``MODULES`` load compiled or from source; returns the
     decision as ``status()`` describes it."""
     if not any(isinstance(finder, _FromSource) for finder in sys.meta_path):
-        _state["status"] = _decide()
-        if _state["status"] != "compiled" and compiled_modules(_ROOT):
+        compiled = compiled_modules()
+        _state["status"] = _decide(compiled)
+        if _state["status"] != "compiled" and compiled:
             sys.meta_path.insert(0, _FromSource())
     return _state["status"]
 
 
-def _decide() -> str:
-    if not compiled_modules(_ROOT):
+def _decide(compiled: list[str]) -> str:
+    if not compiled:
         return "source (not compiled)"
     if os.environ.get(PURE_ENV) == "1":
         return f"source ({PURE_ENV}=1)"
-    stale = stale_modules()
+    stale = stale_modules(compiled=compiled)
     if not stale:
         return "compiled"
     logger.warning(

@@ -103,3 +103,28 @@ def test_this_process_and_a_fresh_one_agree_on_the_compiled_modules() -> None:
 )
 def test_ci_runs_the_suite_on_the_compiled_hot_path() -> None:
     assert _native.status() == "compiled"
+
+
+def test_no_compiled_module_defines_a_msgspec_struct() -> None:
+    """mypyc drops the class keyword arguments of what it compiles: a Struct's ``gc=False``
+    or ``omit_defaults=True`` would silently not apply (the JSON of a pull answer changed)."""
+    import ast
+
+    offenders = []
+    for module in _native.MODULES:
+        tree = ast.parse(_native.source_path(module).read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                "Struct" in ast.unparse(base) for base in node.bases
+            ):
+                offenders.append(f"{module}.{node.name}")
+    assert offenders == []
+
+
+def test_the_answer_structs_keep_their_options() -> None:
+    from cproxy.api import wire
+    from cproxy.broker.message_json import Delivered
+
+    assert Delivered.__struct_config__.omit_defaults
+    assert not Delivered.__struct_config__.gc
+    assert not wire._Stored.__struct_config__.gc

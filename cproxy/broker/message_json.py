@@ -50,9 +50,11 @@ def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
     return out
 
 
-class Delivered(msgspec.Struct, gc=False):
-    """``delivery_json`` as a ``Struct``: the fields in the order of its keys. ``gc=False``:
-    it holds only strings, numbers and ``Raw`` bytes, never a cycle (see ``cproxy.model``)."""
+class Delivered(msgspec.Struct, gc=False, omit_defaults=True):
+    """``delivery_json`` as a ``Struct``: the fields in the order of its keys. ``run`` is
+    only sent with runs (``omit_defaults`` leaves it out while it is None), last, as there.
+    ``gc=False``: it holds only strings, numbers and ``Raw`` bytes, never a cycle (see
+    ``cproxy.model``)."""
 
     topic: str
     qid: int
@@ -62,34 +64,12 @@ class Delivered(msgspec.Struct, gc=False):
     headers: msgspec.Raw
     attempt: int
     produced_at_ms: int
-
-
-class DeliveredInRun(Delivered):
-    """``delivery_json(d, runs=True)``: ``run`` comes last, as there."""
-
-    run: int
+    run: int | None = None
 
 
 def deliveries(items: Sequence[Delivery], runs: bool = False) -> list[Delivered]:
     """``[delivery_json(d, runs) for d in items]`` as ``Struct``s, for msgspec to encode."""
     raw = msgspec.Raw
-    # Two comprehensions rather than one with a per-message branch or argument unpacking:
-    # this runs for every delivered message.
-    if runs:
-        return [
-            DeliveredInRun(
-                m.topic,
-                m.qid,
-                m.offset,
-                m.key,
-                raw(m.body_json if body is None else body),
-                raw(m.headers_json) if m.headers_json else _RAW_NULL,
-                attempt,
-                m.produced_at_ms,
-                run,
-            )
-            for m, attempt, run, body in items
-        ]
     return [
         Delivered(
             m.topic,
@@ -100,6 +80,7 @@ def deliveries(items: Sequence[Delivery], runs: bool = False) -> list[Delivered]
             raw(m.headers_json) if m.headers_json else _RAW_NULL,
             attempt,
             m.produced_at_ms,
+            run if runs else None,
         )
-        for m, attempt, _, body in items
+        for m, attempt, run, body in items
     ]

@@ -144,17 +144,11 @@ class _ReadyQueue:
 
     def pop(self) -> Entry | None:
         # Entries that left READY elsewhere (seek) stay in the deques; skip them lazily.
-        # (Two plain loops: called once per delivered message.)
-        queue = self.reactivated
-        while queue:
-            entry = queue.popleft()
-            if entry.state is _READY:
-                return entry
-        queue = self.fresh
-        while queue:
-            entry = queue.popleft()
-            if entry.state is _READY:
-                return entry
+        for queue in (self.reactivated, self.fresh):
+            while queue:
+                entry = queue.popleft()
+                if entry.state is _READY:
+                    return entry
         return None
 
 
