@@ -10,7 +10,8 @@ medians with the range. The store limit is the raw store's 1 / (1/append + 1/rea
 same batch and body size, in this process.
 
 Latency: a closed-loop *peak* run on the latency setup (1k keys, produce batch 20, 4 pullers
-with max_messages 100 and wait_ms 5000), then an open-loop producer at 25, 50 and 90 % of it;
+with max_messages 100 and wait_ms 5000), then an open-loop producer at 25, 50 and 90 % of it
+(or at the fixed rates of ``--latency-rates``, to compare servers at the same load);
 per message, delivery time - ``produced_at_ms`` (store) and - client send time (send).
 
 ``--ab REF`` runs every cell against this tree's server (A) and REF's (B), interleaved, and
@@ -113,9 +114,11 @@ async def latency_runs(side: Side, args: Any) -> dict[str, Any]:
         },
         "runs": [],
     }
-    for fraction in (0.25, 0.5, 0.9):
-        rate = peak * fraction
-        topic = f"lat-{int(fraction * 100)}-{side.label}"
+    # Fixed rates (``--latency-rates``) compare servers whose peaks differ at the same load.
+    targets = args.latency_rates or [peak * f for f in (0.25, 0.5, 0.9)]
+    for i, rate in enumerate(targets):
+        fraction = rate / peak
+        topic = f"lat-{i}-{side.label}"
         await create_topic(side.admin, topic, QUEUES)
         await put_group(side.admin, f"{topic}-g", topic, "key")
         expected = max(1, round(args.latency_seconds * rate / batch)) * batch
@@ -324,6 +327,12 @@ def main() -> None:
     parser.add_argument("--latency-seconds", type=float, help="per latency run (default 20)")
     parser.add_argument("--latency-batch", type=int, default=20, help="produce batch")
     parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument(
+        "--latency-rates",
+        metavar="R1,R2,...",
+        type=lambda text: [float(r) for r in text.split(",")],
+        help="latency runs at these msgs/s instead of 25/50/90 %% of each server's own peak",
+    )
     parser.add_argument(
         "--limit-ref",
         metavar="REF",

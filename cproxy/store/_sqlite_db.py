@@ -279,12 +279,16 @@ class Database:
             raise StoreError("the store is closed")
         return _translated(functools.partial(fn, conn))
 
-    async def write(self, fn: Callable[[sqlite3.Connection], T], *, weight: int = 1) -> T:
+    async def write(
+        self, fn: Callable[[sqlite3.Connection], T], *, weight: int = 1, mergeable: bool = False
+    ) -> T:
         """Run ``fn`` atomically in a write transaction; return once that committed.
 
-        ``weight`` (messages, for an append) bounds how much one group transaction takes on.
+        ``weight`` (messages, for an append) bounds how much one group transaction takes on;
+        ``mergeable``: ``fn`` may run while deferred work (``defer``) is pending, because it
+        neither reads nor changes what that work writes.
         """
-        return await self._writer.write(fn, weight)
+        return await self._writer.write(fn, weight, mergeable)
 
     def on_success(self, action: Callable[[], None]) -> None:
         """Run ``action`` once the running write succeeded, before the next write of its
@@ -294,6 +298,12 @@ class Database:
     def on_commit(self, action: Callable[[], None]) -> None:
         """Run ``action`` after the running write commits (never on rollback)."""
         self._writer.on_commit(action)
+
+    def defer(self, key: Any, work: Callable[[sqlite3.Connection], None]) -> None:
+        """Run ``work(conn)`` later in this transaction: before its next write that is not
+        ``mergeable``, or before COMMIT; one ``work`` per key. If it fails, so does every
+        write of the transaction."""
+        self._writer.defer(key, work)
 
 
 def _translated(fn: Callable[[], T]) -> T:

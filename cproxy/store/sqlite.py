@@ -2,13 +2,15 @@
 
 Messages are kept as record batches (``_records``): an append writes one ``batches`` row per
 queue it touches, and a read decodes the batches holding its range (``_sqlite_schema`` has the
-tables).
+tables). The appends of one group transaction write one row per queue between them (up to
+``MERGE_MAX`` messages), inserted when the transaction ends (``Database.defer``).
 
 Durability: every write is committed before the call returns, so a 200 from the produce call
 means the messages are in the database. Writes that arrive while the writer is busy share one
-transaction (group commit, see ``_sqlite_writer``), each in its own savepoint so that one
-failing write does not take the others down; ``group_commit=False`` gives each write its own
-transaction again (kept to measure the difference). With WAL and ``synchronous="normal"``
+transaction (group commit, see ``_sqlite_writer`` and ``_sqlite_tx``); one failing write does
+not take the others down (the batch is redone with a savepoint per write).
+``group_commit=False`` gives each write its own transaction again (kept to measure the
+difference). With WAL and ``synchronous="normal"``
 (the default) a commit is written to the WAL without fsync: it survives the process being
 killed at any moment (SIGKILL, OOM killer), but the last commits can be lost if the machine
 loses power or the kernel crashes. ``synchronous="full"`` fsyncs the WAL on every commit and
@@ -67,6 +69,14 @@ __all__ = ["SqliteStore"]
 logger = logging.getLogger(__name__)
 
 
+#: Key of the record batches waiting in the open transaction (``Database.tx_state``).
+_PENDING = "pending record batches"
+
+#: An append's record batch of a queue joins the one pending before it while the two hold at
+#: most this many messages: bigger rows would make a read from their middle decode more.
+MERGE_MAX = 128
+
+
 class SqliteStore(SqliteTopics):
     """The SQLite ``Store``. See the module docstring for durability and concurrency; topics
     and retention are in ``SqliteTopics``."""
@@ -123,6 +133,7 @@ class SqliteStore(SqliteTopics):
         return await self._db.write(
             functools.partial(self._append_tx, topic, tid, messages, qids, now_ms, dedup_window_ms),
             weight=len(messages),
+            mergeable=True,
         )
 
     def _append_tx(
@@ -150,9 +161,20 @@ class SqliteStore(SqliteTopics):
             known,
             lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
         )
-        # One row per queue of this call (record batches, ``_records``).
-        conn.executemany(INSERT_BATCH, [(tid, *b) for b in map(batch, out.stored.values())])
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
+        # One row per queue (record batches, ``_records``), inserted by deferred work: at the
+        # end of the transaction, merged with the rows of the appends after this one.
+        pending: dict[tuple[int, int], list[list[Message]]]
+        pending = self._db.tx_state.setdefault(_PENDING, {})
+        for qid, stored in out.stored.items():
+            rows = pending.get((tid, qid))
+            if rows is None:
+                pending[tid, qid] = [stored]
+            elif len(rows[-1]) + len(stored) <= MERGE_MAX:
+                rows[-1] = rows[-1] + stored
+            else:
+                rows.append(stored)
+        self._db.defer(_PENDING, self._insert_pending)
 
         def stage() -> None:
             for qid, tail in out.tails.items():
@@ -165,6 +187,14 @@ class SqliteStore(SqliteTopics):
         self._db.on_success(stage)
         self._db.on_commit(publish)
         return out.results
+
+    def _insert_pending(self, conn: sqlite3.Connection) -> None:
+        """Insert the record batches the transaction's appends left (``_append_tx``)."""
+        pending: dict[tuple[int, int], list[list[Message]]] = self._db.tx_state.pop(_PENDING, {})
+        conn.executemany(
+            INSERT_BATCH,
+            [(tid, *batch(rows)) for (tid, _), queue in pending.items() for rows in queue],
+        )
 
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
         tid, queues = self._topic(topic)

@@ -17,7 +17,7 @@ import pytest
 
 from cproxy.errors import ConfigError, StoreError
 from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueProgress
-from cproxy.store import _sqlite_append, _sqlite_writer
+from cproxy.store import _sqlite_append, _sqlite_tx
 from cproxy.store.sqlite import SqliteStore
 from tests.store.sqlite_faults import LOCKING_WRITE, on_body_written
 
@@ -335,7 +335,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
     # later BEGIN fail with "cannot start a transaction within a transaction".
     conn.execute("BEGIN IMMEDIATE")
     conn.execute(LOCKING_WRITE)
-    with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
+    with caplog.at_level(logging.WARNING, logger=_sqlite_tx.__name__):
         assert await store.append("t", [NewMessage(None, b"2", qid=0)], T0, 0) == [
             AppendResult(0, 1)
         ]
@@ -377,7 +377,7 @@ async def test_a_writer_that_cannot_roll_back_is_reopened(
         return connect()
 
     monkeypatch.setattr(writer, "_connect", flaky_connect)
-    with caplog.at_level(logging.WARNING, logger=_sqlite_writer.__name__):
+    with caplog.at_level(logging.WARNING, logger=_sqlite_tx.__name__):
         # The first reopen fails: that write fails, and the next one tries again.
         with pytest.raises(StoreError, match="cannot open"):
             await store.append("t", [NewMessage(None, b"1", qid=0)], T0, 0)
