@@ -8,6 +8,9 @@ the blob of the row being inserted.
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import msgspec
 
 
@@ -19,6 +22,18 @@ def on_body_written(name: str, when: str, body: bytes, action: str) -> str:
         f"CREATE TRIGGER {name} {when} INSERT ON batches"
         f" WHEN instr(NEW.records, x'{pattern}') > 0 BEGIN {action}; END"
     )
+
+
+def refuse_rows_with(path: Path, body: bytes = b"!") -> None:
+    """Make SQLite itself refuse (ABORT, "injected failure") every ``batches`` row holding a
+    message whose body is ``body``, from a second connection to the file at ``path``."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(
+            on_body_written("boom", "BEFORE", body, "SELECT RAISE(ABORT, 'injected failure')")
+        )
+    finally:
+        conn.close()
 
 
 #: A row for another connection to write while holding the write lock (any table will do).

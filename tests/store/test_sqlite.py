@@ -19,7 +19,7 @@ from cproxy.errors import ConfigError, StoreError
 from cproxy.model import AppendResult, DeadLetter, NewMessage, QueueProgress
 from cproxy.store import _sqlite_append, _sqlite_tx
 from cproxy.store.sqlite import SqliteStore
-from tests.store.sqlite_faults import LOCKING_WRITE, on_body_written
+from tests.store.sqlite_faults import LOCKING_WRITE, on_body_written, refuse_rows_with
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
@@ -187,14 +187,8 @@ async def test_reads_run_concurrently_with_appends(store: SqliteStore) -> None:
 async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteStore) -> None:
     await store.create_topic("t", 2)
     await store.append("t", [NewMessage(None, b"0", qid=0)], T0, WINDOW)
-    conn = raw(store.path)
-    try:
-        # Make SQLite itself fail mid-batch, after earlier rows of the call were inserted.
-        conn.execute(
-            on_body_written("boom", "BEFORE", b"!", "SELECT RAISE(ABORT, 'injected failure')")
-        )
-    finally:
-        conn.close()
+    # Make SQLite itself fail mid-batch, after earlier rows of the call were inserted.
+    refuse_rows_with(store.path)
     batch = [
         NewMessage(None, b"1", id="a", qid=0),
         NewMessage(None, b"2", qid=1),

@@ -29,7 +29,7 @@ from cproxy.model import AppendResult, NewMessage, QueueProgress
 from cproxy.store import _sqlite_writer
 from cproxy.store._sqlite_writer import Writer
 from cproxy.store.sqlite import SqliteStore
-from tests.store.sqlite_faults import on_body_written
+from tests.store.sqlite_faults import on_body_written, refuse_rows_with
 
 T0 = 1_700_000_000_000
 WINDOW = 60_000
@@ -153,14 +153,8 @@ async def test_concurrent_appends_get_contiguous_offsets_that_match_reads(
 
 async def test_a_failing_append_fails_alone_and_its_batch_commits(store: SqliteStore) -> None:
     await store.append("t", msgs(0, "0"), T0, WINDOW)
-    conn = raw(store.path)
-    try:
-        # SQLite itself refuses one row, after earlier rows of the same call were inserted.
-        conn.execute(
-            on_body_written("boom", "BEFORE", b"!", "SELECT RAISE(ABORT, 'injected failure')")
-        )
-    finally:
-        conn.close()
+    # SQLite itself refuses one row, after earlier rows of the same call were inserted.
+    refuse_rows_with(store.path)
     before = writer(store).transactions
     async with writer_held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "1", ids=("id-a",)), T0, WINDOW))

@@ -21,7 +21,7 @@ from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import AppendResult
 from cproxy.store import _sqlite_writer, sqlite
 from cproxy.store.sqlite import SqliteStore
-from tests.store.sqlite_faults import on_body_written
+from tests.store.sqlite_faults import refuse_rows_with
 from tests.store.test_sqlite_group_commit import T0, WINDOW, msgs, raw, wait_for, writer
 from tests.store.test_sqlite_group_commit import writer_held as held
 
@@ -122,13 +122,7 @@ async def test_a_failed_write_among_merged_appends_fails_alone(store: SqliteStor
 async def test_a_row_refused_at_the_merged_insert_fails_only_its_append(
     store: SqliteStore,
 ) -> None:
-    conn = raw(store.path)
-    try:
-        conn.execute(
-            on_body_written("boom", "BEFORE", b"!", "SELECT RAISE(ABORT, 'injected failure')")
-        )
-    finally:
-        conn.close()
+    refuse_rows_with(store.path)
     async with held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "a"), T0, 0))
         calls.start("bad", lambda: store.append("t", [*msgs(1, "x"), *msgs(0, "!")], T0, 0))
