@@ -284,7 +284,8 @@ class SqliteStore(SqliteTopics):
                 dead_rows,
             )
 
-        await self._db.write(run)
+        # Progress rows touch no message rows: appends before and after it still share rows.
+        await self._db.write(run, mergeable=True)
 
     # -- dead letters --------------------------------------------------------------------------
     def _dead_filter(self, topic: str | None) -> int | None:

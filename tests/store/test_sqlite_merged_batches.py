@@ -18,7 +18,7 @@ import anyio.lowlevel
 import pytest
 
 from cproxy.errors import StoreError, TopicConflict
-from cproxy.model import AppendResult
+from cproxy.model import AppendResult, QueueProgress
 from cproxy.store import _sqlite_writer, sqlite
 from cproxy.store.sqlite import SqliteStore
 from tests.store.sqlite_faults import refuse_rows_with
@@ -172,3 +172,14 @@ async def test_a_lone_leader_stops_gathering_after_the_last_turn(
         tg.start_soon(late)
     assert writer(store).transactions - before == 2
     assert await bodies(store, 0) == [b"first", b"late"]
+
+
+async def test_a_progress_commit_between_appends_keeps_their_row_whole(store: SqliteStore) -> None:
+    async with held(store) as calls:
+        calls.start("a", lambda: store.append("t", msgs(0, "a"), T0, 0))
+        await wait_for(lambda: len(writer(store)._queue) == 1)
+        calls.start("commit", lambda: store.commit("g", {("t", 0): QueueProgress(1)}))
+        await wait_for(lambda: len(writer(store)._queue) == 2)
+        calls.start("b", lambda: store.append("t", msgs(0, "b"), T0, 0))
+    assert rows(store, 0) == [(0, 2)]
+    assert await store.load_progress("g") == {("t", 0): QueueProgress(1)}
