@@ -9,6 +9,7 @@ writes started meanwhile run as ONE batch; the rows are counted with a second co
 from __future__ import annotations
 
 import functools
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import anyio.lowlevel
 import pytest
 
 from cproxy.errors import StoreError, TopicConflict
-from cproxy.model import AppendResult, QueueProgress
+from cproxy.model import AppendResult, NewMessage, QueueProgress
 from cproxy.store import _sqlite_writer, sqlite
 from cproxy.store.sqlite import SqliteStore
 from tests.store.sqlite_faults import refuse_rows_with
@@ -88,14 +89,15 @@ async def test_a_merged_row_stops_growing_at_merge_max(
     assert len(await store.read("t", 0, 0, 100)) == 15
 
 
-async def test_a_write_after_appends_sees_their_rows(store: SqliteStore) -> None:
-    def count(conn: sqlite3.Connection) -> int:
-        return int(conn.execute("SELECT count(*) FROM batches").fetchone()[0])
+def count_rows(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT count(*) FROM batches").fetchone()[0])
 
+
+async def test_a_write_after_appends_sees_their_rows(store: SqliteStore) -> None:
     async with held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "a"), T0, 0))
         calls.start("b", lambda: store.append("t", msgs(0, "b"), T0, 0))
-        calls.start("count", lambda: store._db.write(count))
+        calls.start("count", lambda: store._db.write(count_rows))
         calls.start("c", lambda: store.append("t", msgs(0, "c"), T0, 0))
     assert calls.outcomes["count"] == 1  # "a" and "b" merged, inserted before it ran
     assert rows(store, 0) == [(0, 2), (2, 3)]
@@ -183,3 +185,50 @@ async def test_a_progress_commit_between_appends_keeps_their_row_whole(store: Sq
         calls.start("b", lambda: store.append("t", msgs(0, "b"), T0, 0))
     assert rows(store, 0) == [(0, 2)]
     assert await store.load_progress("g") == {("t", 0): QueueProgress(1)}
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_random_batches_with_refused_rows_store_exactly_the_calls_that_succeed(
+    store: SqliteStore, seed: int
+) -> None:
+    """Batches of appends (some refused by SQLite), progress commits and plain writes, in a
+    random mix: every append that succeeds is stored whole, in call order, and no other."""
+    refuse_rows_with(store.path)
+    rng = random.Random(seed)
+    expected: dict[int, list[bytes]] = {0: [], 1: []}
+    for round_ in range(4):
+        plan: list[tuple[str, list[NewMessage]]] = []
+        for i in range(rng.randint(2, 7)):
+            kind = rng.choice(["append", "append", "append", "commit", "count"])
+            batch = [
+                *msgs(0, *(f"{round_}.{i}.{j}" for j in range(rng.randint(0, 3)))),
+                *msgs(1, *(f"{round_}.{i}.q1" for _ in range(rng.randint(0, 1)))),
+            ]
+            if kind == "append" and (not batch or rng.random() < 0.3):
+                batch.insert(rng.randrange(len(batch) + 1), *msgs(rng.randint(0, 1), "!"))
+            plan.append((kind, batch))
+        async with held(store) as calls:
+            for i, (kind, batch) in enumerate(plan):
+                if kind == "append":
+                    call = functools.partial(store.append, "t", batch, T0, 0)
+                elif kind == "commit":
+                    call = functools.partial(store.commit, "g", {("t", 0): QueueProgress(i)})
+                else:  # a write that is not mergeable: the rows before it are inserted first
+                    call = functools.partial(store._db.write, count_rows)
+                calls.start(f"{i}", call)
+                # One write queued per call, in this order.
+                await wait_for(functools.partial(lambda n: len(writer(store)._queue) == n, i + 1))
+        for i, (kind, batch) in enumerate(plan):
+            outcome = calls.outcomes[f"{i}"]
+            if kind != "append":
+                continue
+            if any(m.body_json == b"!" for m in batch):
+                assert isinstance(outcome, StoreError), (seed, round_, i)
+                continue
+            assert not isinstance(outcome, Exception), (seed, round_, i, outcome)
+            for m, r in zip(batch, outcome, strict=True):
+                assert r.qid == m.qid and r.offset == len(expected[r.qid])
+                expected[r.qid].append(m.body_json)
+    for qid in (0, 1):
+        assert await bodies(store, qid) == expected[qid]
+        assert [s.next_offset for s in await store.queue_stats("t")][qid] == len(expected[qid])
