@@ -31,6 +31,7 @@ from benchmarks.harness.report import (
     median,
     progress,
 )
+from cproxy._native import PURE_ENV
 from cproxy.cli.serve import tune_gc
 
 QUEUES = 8
@@ -96,9 +97,9 @@ def run_engine(messages: int, batch: int, keys: int) -> dict[str, Any]:
 
 def _child(pure: bool, *sizes: int) -> dict[str, Any]:
     """``run_engine(*sizes)`` in a child process, compiled or (``pure``) from source."""
-    env = {k: v for k, v in os.environ.items() if k != "CPROXY_PURE_PYTHON"}
+    env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
     if pure:
-        env["CPROXY_PURE_PYTHON"] = "1"
+        env[PURE_ENV] = "1"
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.engine_loop", "--child", *map(str, sizes)],
         env=env,

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from benchmarks.harness.report import REPO, git_commit
 from consumer_sdk import NO_RETRY, Client, ClientError
+from cproxy._native import PURE_ENV
 
 
 def free_port() -> int:
@@ -49,7 +50,7 @@ def this_tree(label: str = "A") -> Source:
 
 def this_tree_pure(label: str = "B") -> Source:
     """This tree, with the compiled modules loaded from source (``CPROXY_PURE_PYTHON=1``)."""
-    return Source(label, REPO, f"{git_commit(REPO)} (source)", (("CPROXY_PURE_PYTHON", "1"),))
+    return Source(label, REPO, f"{git_commit(REPO)} (source)", ((PURE_ENV, "1"),))
 
 
 @contextlib.contextmanager

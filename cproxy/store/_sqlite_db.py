@@ -21,7 +21,8 @@ from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
 from cproxy.store._sqlite_checkpoint import FALLBACK_PAGES, Checkpointer
 from cproxy.store._sqlite_schema import ensure_schema
-from cproxy.store._sqlite_writer import Writer, as_store_error
+from cproxy.store._sqlite_tx import as_store_error
+from cproxy.store._sqlite_writer import Writer
 
 if sys.platform != "win32":
     import fcntl

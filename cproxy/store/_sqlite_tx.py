@@ -231,13 +231,9 @@ class Transactions:
         """A write of a fast batch failed: roll all of it back, run it again carefully."""
         logger.debug("SQLite store: redoing a batch of %d writes one by one: %s", len(batch), exc)
         self._current = None
-        if conn.in_transaction:
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                logger.exception("SQLite store: rollback of a failed transaction failed")
-                self._fail_all(batch, exc)  # the next batch heals the connection
-                return
+        if not self._roll_back(conn, exc):
+            self._fail_all(batch, exc)
+            return
         for job in batch:
             job.reset()
         self._run_transaction(batch, fast=False)
@@ -257,14 +253,20 @@ class Transactions:
 
     def _abort(self, conn: sqlite3.Connection, batch: list[Job], exc: Exception) -> None:
         """Roll back the whole batch: every write not failed yet fails because of ``exc``."""
+        self._roll_back(conn, exc)
+        self._fail_all(batch, exc)
+
+    def _roll_back(self, conn: sqlite3.Connection, exc: Exception) -> bool:
+        """Roll back the open transaction after ``exc``; False if even that failed (the
+        connection is then left for the next batch to heal, see ``_ready_connection``)."""
         self._last_failure = f"{type(exc).__name__}: {exc}"
         if conn.in_transaction:
             try:
                 conn.execute("ROLLBACK")
             except sqlite3.Error:
-                # Left for the next batch to heal (see ``_ready_connection``).
                 logger.exception("SQLite store: rollback of a failed transaction failed")
-        self._fail_all(batch, exc)
+                return False
+        return True
 
     @staticmethod
     def _fail_all(batch: list[Job], exc: Exception) -> None:

@@ -26,9 +26,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
-from cproxy.store._sqlite_tx import Job, Transactions, as_store_error
-
-__all__ = ["GATHER_TURNS", "MAX_BATCH_WEIGHT", "Writer", "as_store_error"]
+from cproxy.store._sqlite_tx import Job, Transactions
 
 T = TypeVar("T")
 
