@@ -52,6 +52,13 @@ class Recorder:
                 body = b"".join(chunks)
                 self.seen.append((scope["method"], scope["path"], status, content_type, body))
 
+    def observe(self, method: str, path: str, status: int, content_type: str, body: bytes) -> None:
+        """The same for an answer of the lean HTTP protocol (``cproxy.api.lean_http``), which
+        serves the hot calls without going through this middleware."""
+        with self._lock:
+            if len(self.seen) < MAX_KEPT:
+                self.seen.append((method, path, status, content_type, body))
+
     def take(self) -> list[tuple[str, str, int, str, bytes]]:
         with self._lock:
             seen, self.seen = self.seen, []

@@ -15,6 +15,7 @@ import uvicorn
 
 from consumer_sdk import Client
 from cproxy.api.app import create_app
+from cproxy.api.lean_http import protocol_for
 from cproxy.config import Settings
 from tests.openapi_check import Recorder
 
@@ -44,7 +45,8 @@ def wait_until(
 class RunningServer:
     """A real cproxy server (uvicorn, SQLite store) on a free loopback port, in a thread."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, lean_http: bool = True) -> None:
+        """``lean_http=False``: every call through ASGI (uvicorn's own httptools protocol)."""
         self.settings = settings
         self.data_dir = settings.data_dir
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -58,6 +60,10 @@ class RunningServer:
         RUNNING.append(self)
         config = uvicorn.Config(
             self.recorder,
+            # As ``cproxy serve`` does: the hot calls answered by the lean protocol.
+            http=protocol_for(self.app, observe=self.recorder.observe)
+            if lean_http
+            else "httptools",
             log_config=None,
             access_log=False,
             lifespan="on",
@@ -81,6 +87,10 @@ class RunningServer:
     def sdk(self, token: str | None = None) -> Client:
         """The SDK client for this server: what tests should use for ordinary calls."""
         return Client(self.url, token=token, timeout_ms=40_000)
+
+    def connections(self) -> list[Any]:
+        """The HTTP protocol instances of the open connections (uvicorn's)."""
+        return list(self._server.server_state.connections)
 
     @property
     def alive(self) -> bool:

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from functools import partial
-from typing import Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
 
 import msgspec
 import orjson
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -47,9 +47,12 @@ logger = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
 
-#: ``(app state, path parameters, token, decoded body, body bytes) -> JSON answer bytes``.
-#: (app state, path params, token, decoded body, raw body, the ASGI receive) -> answer bytes.
-Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, Receive], Awaitable[bytes]]
+#: Returns once the client has gone (a long poll stops waiting then).
+Gone = Callable[[], Awaitable[None]]
+#: ``(app state, path parameters, token, decoded body, body bytes, gone) -> JSON answer bytes``.
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, Gone], Awaitable[bytes]]
+#: ``(status, headers, body)``: a whole answer; the headers include ``content-length``.
+Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _AT = re.compile(r"^(.*) - at `\$(.*)`$", re.DOTALL)
@@ -79,26 +82,29 @@ class LeanEndpoint(Generic[B]):
         self._decoder = msgspec.json.Decoder(body)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        state = scope["app"].state
-        try:
-            answer = await self._answer(state, scope, receive)
-        except (CproxyError, BadBody) as exc:
-            await _send_response(errors.render(exc, scope["method"], scope["path"]), send)
-            return
-        except _Disconnected:
-            return
-        except Exception:
-            logger.exception("unhandled error on %s %s", scope["method"], scope["path"])
-            await _send_response(
-                wire.error(500, "internal_error", "internal error; see the server log"), send
-            )
-            return
-        await send({"type": "http.response.start", "status": 200, "headers": _headers(answer)})
-        await send({"type": "http.response.body", "body": answer})
+        reply = await self.respond(scope["app"].state, scope["path_params"], _Asgi(scope, receive))
+        if reply is not None:
+            status, headers, body = reply
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
-    async def _answer(self, state: Any, scope: Scope, receive: Receive) -> bytes:
+    async def respond(self, state: Any, params: dict[str, str], request: Exchange) -> Reply | None:
+        """The whole answer to ``request`` (errors rendered as every other route renders
+        them); ``None`` when the client went away before its body was read."""
+        try:
+            answer = await self._answer(state, params, request)
+        except (CproxyError, BadBody) as exc:
+            return _reply(errors.render(exc, "POST", request.path))
+        except Disconnected:
+            return None
+        except Exception:
+            logger.exception("unhandled error on POST %s", request.path)
+            return _reply(wire.error(500, "internal_error", "internal error; see the server log"))
+        return 200, [*_JSON_HEADERS, (b"content-length", b"%d" % len(answer))], answer
+
+    async def _answer(self, state: Any, params: dict[str, str], request: Exchange) -> bytes:
         authorization = content_type = length = None
-        for name, value in scope["headers"]:
+        for name, value in request.headers:
             if name == b"authorization":
                 authorization = value
             elif name == b"content-type":
@@ -114,7 +120,7 @@ class LeanEndpoint(Generic[B]):
             authorization.decode("latin-1") if authorization is not None else None
         )
         check_media_type(content_type or b"")
-        raw = await _read_body(receive, max_bytes)
+        raw = await request.read_body(max_bytes)
         body: B | None = None
         problem: BadBody | None = None
         try:
@@ -126,50 +132,80 @@ class LeanEndpoint(Generic[B]):
         if problem is not None and problem.status == 400:
             raise problem
         broker: Broker = state.broker
-        params: dict[str, str] = scope["path_params"]
         check_path(authorizer, broker, token, self.action, params)
         if problem is not None:
             raise problem
         assert body is not None
-        return await self.handler(state, params, token, body, raw, receive)
+        return await self.handler(state, params, token, body, raw, request.gone)
 
 
-class _Disconnected(Exception):
+def _reply(response: Response) -> Reply:
+    return response.status_code, response.raw_headers, bytes(response.body)
+
+
+class Disconnected(Exception):
     """The client went away before its body was read: nothing to answer."""
 
 
-def _headers(answer: bytes) -> list[tuple[bytes, bytes]]:
-    return [*_JSON_HEADERS, (b"content-length", b"%d" % len(answer))]
+class Exchange(Protocol):
+    """One request as a lean endpoint sees it: from ASGI (``_Asgi``) or straight from the
+    HTTP protocol (``lean_http``)."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def headers(self) -> Iterable[tuple[bytes, bytes]]:
+        """Names lower-cased, as ASGI gives them."""
+
+    async def read_body(self, max_bytes: int) -> bytes:
+        """The whole body; ``TooLarge`` past ``max_bytes``, ``Disconnected`` if the client
+        went away first."""
+
+    async def gone(self) -> None:
+        """Return once the client has gone (only after the body was read)."""
 
 
-async def _send_response(response: Any, send: Send) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": response.status_code,
-            "headers": response.raw_headers,
-        }
-    )
-    await send({"type": "http.response.body", "body": response.body})
+class _Asgi:
+    """An ``Exchange`` over an ASGI scope and receive."""
 
+    __slots__ = ("_receive", "_scope")
 
-async def _read_body(receive: Receive, max_bytes: int) -> bytes:
-    """The whole request body; ``TooLarge`` (413) once more than ``max_bytes`` arrived."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _Disconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > max_bytes:
-                raise TooLarge(too_large_message(size, max_bytes))
-        if not message.get("more_body", False):
-            break
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    def __init__(self, scope: Scope, receive: Receive) -> None:
+        self._scope = scope
+        self._receive = receive
+
+    @property
+    def path(self) -> str:
+        path: str = self._scope["path"]
+        return path
+
+    @property
+    def headers(self) -> Iterable[tuple[bytes, bytes]]:
+        headers: Iterable[tuple[bytes, bytes]] = self._scope["headers"]
+        return headers
+
+    async def read_body(self, max_bytes: int) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await self._receive()
+            if message["type"] != "http.request":
+                raise Disconnected
+            chunk = message.get("body", b"")
+            if chunk:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > max_bytes:
+                    raise TooLarge(too_large_message(size, max_bytes))
+            if not message.get("more_body", False):
+                break
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    async def gone(self) -> None:
+        # The body was read: the next message is the end.
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
 
 
 def _not_json(raw: bytes) -> BadBody:
@@ -222,7 +258,7 @@ async def _produce(
     token: Token | None,
     body: Produce,
     raw: bytes,
-    receive: Receive,
+    gone: Gone,
 ) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
@@ -242,7 +278,7 @@ async def _pull(
     token: Token | None,
     body: Pull,
     raw: bytes,
-    receive: Receive,
+    gone: Gone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
@@ -254,15 +290,9 @@ async def _pull(
         body.topics,
         results(body.results),
         body.max_per_key,
-        gone=partial(_disconnected, receive),
+        gone=gone,
     )
     return wire.pull_answer(answer, runs=body.max_per_key > 1)
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the client has gone (the body was read: the next message is the end)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 async def _ack(
@@ -271,7 +301,7 @@ async def _ack(
     token: Token | None,
     body: Ack,
     raw: bytes,
-    receive: Receive,
+    gone: Gone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])
@@ -310,7 +340,12 @@ def match(scope: Scope) -> tuple[LeanEndpoint[Any], dict[str, str]] | None:
     router, which has the same endpoints."""
     if scope["method"] != "POST" or scope.get("root_path"):
         return None
-    parts = scope["path"].split("/")
+    return match_path(scope["path"])
+
+
+def match_path(path: str) -> tuple[LeanEndpoint[Any], dict[str, str]] | None:
+    """The lean endpoint for a ``POST`` to ``path`` (already percent-decoded), if any."""
+    parts = path.split("/")
     if len(parts) != 5 or parts[0] or parts[1] != "v1" or not parts[3]:
         return None
     if parts[2] == "topics" and parts[4] == "messages":

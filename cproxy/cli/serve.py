@@ -55,6 +55,7 @@ def serve(settings: Settings) -> None:
     import uvicorn
 
     from cproxy.api.app import create_app
+    from cproxy.api.lean_http import protocol_for
 
     configure_logging(settings.log_level, settings.log_format)
     tune_gc()
@@ -100,7 +101,7 @@ def serve(settings: Settings) -> None:
         proxy_headers=False,
         server_header=False,
         loop="auto",
-        http="auto",
+        http=protocol_for(app),
         lifespan="on",
         timeout_graceful_shutdown=5,
         # uvicorn's own TLS: None for both serves plain HTTP.

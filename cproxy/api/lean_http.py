@@ -1,0 +1,197 @@
+"""The hot calls (produce, pull, ack) answered from uvicorn's HTTP protocol, below ASGI.
+
+At batch 10 a produce or a pull carries ten messages, and uvicorn's ASGI cycle per request
+(a scope, a ``RequestResponseCycle``, ``receive`` and ``send`` messages, two socket writes)
+was about a quarter of the server's CPU (docs/benchmarks.md, round 8). ``LeanHttpProtocol``
+is uvicorn's httptools protocol with one change: a ``POST`` to a hot path gets a
+``LeanCycle``, which hands the parsed headers and body to the lean endpoint (``lean.py``) and
+writes its answer with one write. The connection stays uvicorn's: keep-alive and its
+timeout, pipelining, flow control, ``Expect: 100-continue``, graceful shutdown.
+
+Every other request goes through ASGI and ``CproxyApp``, which reach the same endpoints, so
+an answer is the same bytes either way (the header order aside). With a concurrency limit
+or a root path the protocol leaves everything to ASGI; without httptools ``protocol_for``
+answers ``"auto"`` (uvicorn's choice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cproxy.errors import TooLarge
+
+from .lean import Disconnected, LeanEndpoint, match_path
+from .limits import too_large_message
+
+logger = logging.getLogger(__name__)
+
+#: ``(method, path, status, content type, body)`` of each answer made here (tests record them).
+Observer = Callable[[str, str, int, str, bytes], None]
+
+try:
+    import httptools
+    from uvicorn.protocols.http.httptools_impl import (
+        STATUS_LINE,
+        HttpToolsProtocol,
+        RequestResponseCycle,
+    )
+except ImportError:  # pragma: no cover - httptools is a dependency; uvicorn may move things
+    HttpToolsProtocol = None  # type: ignore[assignment,misc]
+
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def protocol_for(app: Any, observe: Observer | None = None) -> type[asyncio.Protocol] | str:
+    """The ``http`` setting of ``uvicorn.Config`` serving ``app`` (a ``CproxyApp``): the lean
+    protocol bound to ``app``, or ``"auto"`` without httptools."""
+    if HttpToolsProtocol is None:
+        return "auto"
+    return type(
+        "LeanHttpProtocol", (LeanHttpProtocol,), {"lean_state": app.state, "observe": observe}
+    )
+
+
+if HttpToolsProtocol is not None:
+
+    class LeanHttpProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol; hot calls get a ``LeanCycle`` instead of ASGI."""
+
+        #: The app's state (settings, broker, authorizer), set by ``protocol_for``.
+        lean_state: Any = None
+        observe: Observer | None = None
+
+        def on_headers_complete(self) -> None:
+            if (
+                self.limit_concurrency is None
+                and not self.root_path
+                and self.parser.get_method() == b"POST"
+                and not self.parser.should_upgrade()
+            ):
+                raw_path = httptools.parse_url(self.url).path
+                path = raw_path.decode("ascii")
+                if "%" in path:
+                    path = urllib.parse.unquote(path)
+                found = match_path(path)
+                if found is not None:
+                    self._start_lean(path, *found)
+                    return
+            super().on_headers_complete()
+
+        def _start_lean(
+            self, path: str, endpoint: LeanEndpoint[Any], params: dict[str, str]
+        ) -> None:
+            keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+            cycle = LeanCycle(self, path, endpoint, params, keep_alive)
+            existing = self.cycle
+            self.cycle = cycle
+            if existing is None or existing.response_complete:
+                task = self.loop.create_task(cycle.run_asgi(self.app))
+                task.add_done_callback(self.tasks.discard)
+                self.tasks.add(task)
+            else:  # pipelined: started by on_response_complete, as uvicorn's own cycles
+                self.flow.pause_reading()
+                self.pipeline.appendleft((cycle, self.app))
+
+    class LeanCycle(RequestResponseCycle):
+        """One hot request. Has what the protocol reads and sets on a cycle (``body``,
+        ``more_body``, ``message_event``, ``disconnected``, ``keep_alive``,
+        ``response_complete``) and ``run_asgi``, by which the protocol starts it; is the
+        ``Exchange`` the endpoint reads. No scope, no ASGI messages."""
+
+        def __init__(
+            self,
+            protocol: LeanHttpProtocol,
+            path: str,
+            endpoint: LeanEndpoint[Any],
+            params: dict[str, str],
+            keep_alive: bool,
+        ) -> None:
+            # RequestResponseCycle.__init__ is not called: it builds the ASGI state.
+            self.transport = protocol.transport
+            self.flow = protocol.flow
+            self.logger = protocol.logger
+            self.default_headers = protocol.server_state.default_headers
+            self.message_event = asyncio.Event()
+            self.on_response = protocol.on_response_complete
+            self.disconnected = False
+            self.keep_alive = keep_alive
+            self.waiting_for_100_continue = protocol.expect_100_continue
+            self.body = bytearray()
+            self.more_body = True
+            self.response_started = False
+            self.response_complete = False
+            self.path = path
+            self.headers: Iterable[tuple[bytes, bytes]] = protocol.headers
+            self._endpoint = endpoint
+            self._params = params
+            self._state = protocol.lean_state
+            self._observe = protocol.observe
+
+        # -- Exchange ------------------------------------------------------------------------
+        async def read_body(self, max_bytes: int) -> bytes:
+            if self.waiting_for_100_continue and not self.transport.is_closing():
+                self.transport.write(_CONTINUE)
+            self.waiting_for_100_continue = False
+            while True:
+                if self.disconnected:
+                    raise Disconnected
+                if len(self.body) > max_bytes:
+                    raise TooLarge(too_large_message(len(self.body), max_bytes))
+                if not self.more_body:
+                    return bytes(self.body)
+                self.flow.resume_reading()  # the protocol pauses reading past 64 KiB held
+                await self.message_event.wait()
+                self.message_event.clear()
+
+        async def gone(self) -> None:
+            while not self.disconnected:
+                await self.message_event.wait()
+                self.message_event.clear()
+
+        # -- the cycle -----------------------------------------------------------------------
+        async def run_asgi(self, app: Any) -> None:  # the name the protocol calls
+            try:
+                reply = await self._endpoint.respond(self._state, self._params, self)
+                if reply is not None:
+                    await self._write(*reply)
+            except BaseException:
+                # respond() renders every error: this is a failed write or a cancellation.
+                self.transport.close()
+                raise
+            finally:
+                self.on_response = _nothing  # no reference back to the protocol
+
+        async def _write(
+            self, status: int, headers: list[tuple[bytes, bytes]], body: bytes
+        ) -> None:
+            if self.flow.write_paused and not self.disconnected:
+                await self.flow.drain()
+            if self.disconnected:
+                return
+            content = [STATUS_LINE[status]]
+            for name, value in self.default_headers:
+                content += (name, b": ", value, b"\r\n")
+            content_type = b""
+            for name, value in headers:
+                content += (name, b": ", value, b"\r\n")
+                if name == b"content-type":
+                    content_type = value
+            if not self.keep_alive:
+                content.append(b"connection: close\r\n")
+            content += (b"\r\n", body)
+            self.transport.write(b"".join(content))
+            self.response_started = self.response_complete = True
+            self.message_event.set()
+            if self._observe is not None:
+                self._observe("POST", self.path, status, content_type.decode(), body)
+            if not self.keep_alive:
+                self.transport.close()
+            self.on_response()
+
+
+def _nothing() -> None:
+    pass
