@@ -12,6 +12,16 @@ keeps appending to the WAL while it runs (WAL mode lets a checkpoint and a write
 at once). Each run copies only what the last interval wrote. The writer's own
 ``wal_autocheckpoint`` stays on at ``FALLBACK_PAGES``, a safety net should this thread fall
 behind. A checkpoint is crash-safe: a SIGKILL during one loses nothing committed.
+
+A checkpoint alone never makes the WAL shorter: SQLite writes the WAL from its start again
+only when a write transaction *begins* on a fully checkpointed WAL, and under steady load
+frames are committed while every pass runs. So the WAL grew to ``FALLBACK_PAGES``, and the
+writer's own checkpoint then copied up to a pass interval's frames inside a produce's
+COMMIT: 8-15 ms with the event loop stopped, every ~1.5 s at 27k msgs/s, which was the
+produce-to-delivery p99 on a disk-backed data dir (docs/benchmarks.md, round 8). Now, once a
+pass found the WAL over ``RESTART_FRAMES``, ``on_long_wal`` asks the writer to checkpoint
+the few frames committed since, just before its next BEGIN (``Transactions``), and that
+transaction starts the WAL over.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -28,13 +39,19 @@ INTERVAL_S = 0.2
 #: The writer checkpoints by itself only when the WAL reaches this many pages (64 MiB of 4 KiB
 #: pages), i.e. when the background checkpoints stopped keeping up.
 FALLBACK_PAGES = 16384
+#: A pass that found the WAL at least this long (frames = pages; 16 MiB) asks the writer to
+#: start it over.
+RESTART_FRAMES = 4096
 
 
 class Checkpointer:
     """``start()`` after the database is open, ``stop()`` before its connections close."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_long_wal: Callable[[], None] | None = None) -> None:
+        """``on_long_wal`` is called (from this thread) after a pass over a WAL of at least
+        ``RESTART_FRAMES``."""
         self._path = path
+        self._on_long_wal = on_long_wal
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed = False
@@ -68,7 +85,8 @@ class Checkpointer:
 
     def _checkpoint(self, conn: sqlite3.Connection) -> None:
         try:
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            # (busy, frames in the WAL, frames checkpointed); busy: another checkpoint ran.
+            busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
         except sqlite3.Error as exc:
             if not self._failed:  # once, not every 200 ms (the writer's fallback still works)
                 logger.warning("SQLite store: background checkpoint failed: %s", exc)
@@ -77,3 +95,5 @@ class Checkpointer:
             if self._failed:
                 logger.info("SQLite store: background checkpoints work again")
             self._failed = False
+            if not busy and frames >= RESTART_FRAMES and self._on_long_wal is not None:
+                self._on_long_wal()

@@ -164,7 +164,7 @@ class Database:
         )
         self._reader: sqlite3.Connection | None = None
         self._read_limiter: CapacityLimiter | None = None
-        self._checkpointer = Checkpointer(path)
+        self._checkpointer = Checkpointer(path, on_long_wal=self._writer.request_wal_restart)
 
     @property
     def is_open(self) -> bool:

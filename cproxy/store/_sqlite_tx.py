@@ -17,6 +17,11 @@ appends write to one queue into one row). It runs before the next write that is 
 ``mergeable`` (so that write sees those rows) and before COMMIT; if it fails, the batch runs
 again the careful way, where deferred work is done at once, inside its write's savepoint.
 
+WAL restarts: when the background checkpointer found the WAL long (``request_wal_restart``),
+the next transaction first checkpoints the frames committed since that pass (a few; the pass
+copied the rest), so it begins on a fully checkpointed WAL and SQLite writes the WAL from its
+start again (``_sqlite_checkpoint`` says why this is needed).
+
 Self-healing: a connection left inside a transaction (a ROLLBACK that failed) would make every
 later BEGIN fail with "cannot start a transaction within a transaction". Before each BEGIN the
 writer rolls such a transaction back, and if even that fails it reopens the connection.
@@ -111,6 +116,8 @@ class Transactions:
         self._current: Job | None = None
         self._reconnect = False
         self._last_failure = "none"
+        #: Set from the checkpointer's thread (``request_wal_restart``), read before a BEGIN.
+        self._wal_restart_due = False
         #: Transactions run and writes committed or failed in them (for benchmarks and tests).
         self.transactions = 0
         self.writes = 0
@@ -159,6 +166,17 @@ class Transactions:
                 if not job.finished:  # only after a BaseException escaped the transaction
                     job.fail(StoreError("the write was interrupted"))
 
+    def request_wal_restart(self) -> None:
+        """Have the next transaction start the WAL over (callable from any thread)."""
+        self._wal_restart_due = True
+
+    def _catch_up_wal(self, conn: sqlite3.Connection) -> None:
+        self._wal_restart_due = False
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:  # the transaction appends to the WAL as before
+            logger.debug("SQLite store: checkpoint before a WAL restart failed: %s", exc)
+
     def _run_transaction(self, batch: list[Job], fast: bool = True) -> None:
         """Run ``batch`` in one transaction. The fast way, its writes run without savepoints
         and their deferred work merged; if any of them fails, the transaction is rolled back
@@ -166,6 +184,8 @@ class Transactions:
         savepoint, its deferred work done at once, inside it."""
         try:
             conn = self._ready_connection()
+            if self._wal_restart_due:
+                self._catch_up_wal(conn)
             self.tx_state.clear()
             self._deferred.clear()
             self._merging = fast
