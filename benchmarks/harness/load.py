@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -29,12 +30,25 @@ TIMEOUT_MS = 120_000
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` on uvloop when installed (the client must not be the bottleneck)."""
+    """Run ``main()`` on uvloop when installed (the client must not be the bottleneck), with
+    the collector's full passes off: the load generator must not pause either. Its full
+    collections (over every task, message and latency sample it holds) stopped it for 40-60
+    ms every ~2 s at 27k msgs/s, and that showed as the server's p99 (docs/benchmarks.md,
+    round 8). Young objects are still collected; what lives long is freed at the end."""
+    gc.collect()
+    gc.freeze()  # what exists now (modules, ...) is never scanned
+    young, middle, old = gc.get_threshold()
+    gc.set_threshold(young, middle, 1_000_000_000)
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main())
-    return uvloop.run(main())
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(main())
+        return uvloop.run(main())
+    finally:
+        gc.set_threshold(young, middle, old)
+        gc.unfreeze()
+        gc.collect()
 
 
 def client(url: str) -> AsyncClient:
