@@ -4,7 +4,8 @@ stored as the bytes the client sent.
 msgspec hands each ``body`` over as ``Raw``: the JSON bytes of the value, already checked for
 JSON syntax, NaN/Infinity and lone surrogates. Those bytes are stored as they are when their
 meaning cannot differ from what parsing and re-encoding would store: ASCII only (so valid
-UTF-8), no integer of 19+ digits (orjson reads some of those as floats, docs/api.md), no
+UTF-8), no integer orjson might read as a float (docs/api.md): none of 20+ digits and no
+negative one of 19 (a positive one of 19 digits is below 2**64 and reads exactly), no
 exponent of 3+ digits (``1e400`` is out of a double's range) and too short or too flat to
 nest 255 levels deep. Any other body takes the old path: parsed and encoded by orjson, so
 big integers become floats, ``1e400`` and invalid UTF-8 are refused (400) and deeper nesting
@@ -32,24 +33,37 @@ from .errors import BadBody
 
 #: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
 _SHALLOW_BYTES: Final = 250
-#: Digits to "0", "e"/"E" to "e", everything else to " ", so that the risky spellings are
-#: found with two substring searches; "+" is deleted, so "e+400" reads as "e400".
+#: Digits to "0", "e"/"E" to "e", "-" kept, everything else to " ", so that the risky
+#: spellings are found with three substring searches; "+" is deleted, so "e+400" reads as
+#: "e400".
 _SHAPES: Final = bytes(
-    ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord(" ")
+    ord("0")
+    if chr(c).isdigit() and c < 128
+    else ord("e")
+    if c in b"eE"
+    else c
+    if c == ord("-")
+    else ord(" ")
     for c in range(256)
 )
-#: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats.
-_LONG_INTEGER: Final = b"0" * 19
+#: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats; a
+#: 19-digit positive one (at most 10**19 - 1) it reads exactly, as nanosecond timestamps are.
+_LONG_INTEGER: Final = b"0" * 20
+_LONG_NEGATIVE: Final = b"-" + b"0" * 19
 _LONG_EXPONENT: Final = b"e000"
 
 
 def plain(raw: bytes) -> bool:
     """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
-    (nesting aside): ASCII, no 19-digit run, no 3-digit exponent."""
+    (nesting aside): ASCII, no 20-digit run, no "-" and 19 digits, no 3-digit exponent."""
     if not raw.isascii():
         return False
     shapes = raw.translate(_SHAPES, b"+")
-    return _LONG_INTEGER not in shapes and _LONG_EXPONENT not in shapes
+    return (
+        _LONG_INTEGER not in shapes
+        and _LONG_NEGATIVE not in shapes
+        and _LONG_EXPONENT not in shapes
+    )
 
 
 def _shallow(raw: bytes) -> bool:

@@ -68,6 +68,8 @@ def _deliver(server: RunningServer, body_text: bytes) -> bytes:
         pytest.param(b"18446744073709551616", 1.8446744073709552e19, id="int-beyond-64-bits"),
         pytest.param(b"-9223372036854775809", -9.223372036854776e18, id="int-below-int64"),
         pytest.param(b"18446744073709551615", 18446744073709551615, id="largest-uint64"),
+        pytest.param(b"9999999999999999999", 9999999999999999999, id="largest-19-digits"),
+        pytest.param(b"-9223372036854775808", -9223372036854775808, id="smallest-int64"),
         pytest.param(b"2.5e3", 2500.0, id="exponent"),
         pytest.param(b"[" * 200 + b"]" * 200, _nested(200), id="nested-200"),
     ],
@@ -92,6 +94,22 @@ def test_bodies_are_delivered_with_the_meaning_sent(
 def test_a_plain_body_is_stored_as_the_bytes_sent(running: RunningServer, text: bytes) -> None:
     """Not parsed and encoded again: the client's own spacing reaches the consumer."""
     assert b'"body":{"k" :  [1,2 , 3]}' in _deliver(running, text)
+
+
+@pytest.mark.parametrize(
+    ("text", "stored"),
+    [
+        # A nanosecond timestamp (19 digits, positive) reads exactly: kept as sent.
+        (b'{"t" :  1764111111111111111}', b'{"t" :  1764111111111111111}'),
+        # A negative 19-digit integer may be below -2**63: parsed and re-encoded (compact).
+        (b'{"t" :  -1764111111111111111}', b'{"t":-1764111111111111111}'),
+        (b'{"t" :  17641111111111111110}', b'{"t":17641111111111111110}'),
+    ],
+)
+def test_long_integers_are_kept_as_sent_only_when_they_read_exactly(
+    running: RunningServer, text: bytes, stored: bytes
+) -> None:
+    assert b'"body":' + stored in _deliver(running, text)
 
 
 @pytest.mark.parametrize(
