@@ -175,11 +175,8 @@ if HttpToolsProtocol is not None:
             content = [STATUS_LINE[status]]
             for name, value in self.default_headers:
                 content += (name, b": ", value, b"\r\n")
-            content_type = b""
             for name, value in headers:
                 content += (name, b": ", value, b"\r\n")
-                if name == b"content-type":
-                    content_type = value
             if not self.keep_alive:
                 content.append(b"connection: close\r\n")
             content += (b"\r\n", body)
@@ -187,6 +184,7 @@ if HttpToolsProtocol is not None:
             self.response_started = self.response_complete = True
             self.message_event.set()
             if self._observe is not None:
+                content_type = next((v for n, v in headers if n == b"content-type"), b"")
                 self._observe("POST", self.path, status, content_type.decode(), body)
             if not self.keep_alive:
                 self.transport.close()
