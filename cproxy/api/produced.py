@@ -33,19 +33,21 @@ from .errors import BadBody
 
 #: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
 _SHALLOW_BYTES: Final = 250
-#: Digits to "0", "e"/"E" to "e", "-" kept, everything else to " ", so that the risky
-#: spellings are found with three substring searches; "+" is deleted, so "e+400" reads as
-#: "e400".
-_SHAPES: Final = bytes(
-    ord("0")
-    if chr(c).isdigit() and c < 128
-    else ord("e")
-    if c in b"eE"
-    else c
-    if c == ord("-")
-    else ord(" ")
-    for c in range(256)
-)
+
+
+def _shape(c: int) -> int:
+    """Byte ``c`` as ``_SHAPES`` maps it: an ASCII digit to "0", "e"/"E" to "e", "-" kept,
+    anything else to " "."""
+    if 0x30 <= c <= 0x39:
+        return ord("0")
+    if c in b"eE":
+        return ord("e")
+    return c if c == ord("-") else ord(" ")
+
+
+#: Every byte as ``_shape`` maps it, so that the risky spellings are found with three
+#: substring searches; "+" is deleted, so "e+400" reads as "e400".
+_SHAPES: Final = bytes(_shape(c) for c in range(256))
 #: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats; a
 #: 19-digit positive one (at most 10**19 - 1) it reads exactly, as nanosecond timestamps are.
 _LONG_INTEGER: Final = b"0" * 20
