@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cproxy.broker import Broker, Result
+from cproxy.broker import Broker, Result, WatchGone, watch_with_task
 from cproxy.config import Limits, Token
 from cproxy.errors import CproxyError, TooLarge
 
@@ -47,10 +47,9 @@ logger = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
 
-#: Returns once the client has gone (a long poll stops waiting then).
-Gone = Callable[[], Awaitable[None]]
-#: ``(app state, path parameters, token, decoded body, body bytes, gone) -> JSON answer bytes``.
-Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, Gone], Awaitable[bytes]]
+#: ``(app state, path parameters, token, decoded body, body bytes, watch_gone) -> JSON answer
+#: bytes``; ``watch_gone`` tells a long poll that its client has gone (``Exchange``).
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, WatchGone], Awaitable[bytes]]
 #: ``(status, headers, body)``: a whole answer; the headers include ``content-length``.
 Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -136,7 +135,7 @@ class LeanEndpoint(Generic[B]):
         if problem is not None:
             raise problem
         assert body is not None
-        return await self.handler(state, params, token, body, raw, request.gone)
+        return await self.handler(state, params, token, body, raw, request.watch_gone)
 
 
 def _reply(response: Response) -> Reply:
@@ -162,18 +161,21 @@ class Exchange(Protocol):
         """The whole body; ``TooLarge`` past ``max_bytes``, ``Disconnected`` if the client
         went away first."""
 
-    async def gone(self) -> None:
-        """Return once the client has gone (only after the body was read)."""
+    def watch_gone(self, leave: Callable[[], None]) -> Callable[[], object]:
+        """Have ``leave()`` called once the client has gone (only after the body was
+        read); returns a function that stops watching (``cproxy.broker.waiters.WatchGone``)."""
 
 
 class _Asgi:
     """An ``Exchange`` over an ASGI scope and receive."""
 
-    __slots__ = ("_receive", "_scope")
+    __slots__ = ("_receive", "_scope", "watch_gone")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self._scope = scope
         self._receive = receive
+        #: ASGI says "gone" only to ``receive``: a task waits on it while a pull waits.
+        self.watch_gone = watch_with_task(self._gone)
 
     @property
     def path(self) -> str:
@@ -202,7 +204,7 @@ class _Asgi:
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
-    async def gone(self) -> None:
+    async def _gone(self) -> None:
         # The body was read: the next message is the end.
         while (await self._receive())["type"] != "http.disconnect":
             pass
@@ -258,7 +260,7 @@ async def _produce(
     token: Token | None,
     body: Produce,
     raw: bytes,
-    gone: Gone,
+    gone: WatchGone,
 ) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
@@ -278,7 +280,7 @@ async def _pull(
     token: Token | None,
     body: Pull,
     raw: bytes,
-    gone: Gone,
+    gone: WatchGone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
@@ -301,7 +303,7 @@ async def _ack(
     token: Token | None,
     body: Ack,
     raw: bytes,
-    gone: Gone,
+    gone: WatchGone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])

@@ -81,6 +81,12 @@ if HttpToolsProtocol is not None:
                     return
             super().on_headers_complete()
 
+        def connection_lost(self, exc: Exception | None) -> None:
+            cycle = self.cycle
+            super().connection_lost(exc)  # marks an unanswered cycle disconnected
+            if isinstance(cycle, LeanCycle) and cycle.disconnected:
+                cycle.client_gone()
+
         def _start_lean(
             self, path: str, endpoint: LeanEndpoint[Any], params: dict[str, str]
         ) -> None:
@@ -100,7 +106,9 @@ if HttpToolsProtocol is not None:
         """One hot request. Has what the protocol reads and sets on a cycle (``body``,
         ``more_body``, ``message_event``, ``disconnected``, ``keep_alive``,
         ``response_complete``) and ``run_asgi``, by which the protocol starts it; is the
-        ``Exchange`` the endpoint reads. No scope, no ASGI messages."""
+        ``Exchange`` the endpoint reads. No scope, no ASGI messages; a waiting pull learns
+        that its client has gone from the protocol's ``connection_lost``, not from a task
+        waiting for it."""
 
         def __init__(
             self,
@@ -130,6 +138,7 @@ if HttpToolsProtocol is not None:
             self._params = params
             self._state = protocol.lean_state
             self._observe = protocol.observe
+            self._on_gone: Callable[[], None] | None = None
 
         # -- Exchange ------------------------------------------------------------------------
         async def read_body(self, max_bytes: int) -> bytes:
@@ -147,10 +156,21 @@ if HttpToolsProtocol is not None:
                 await self.message_event.wait()
                 self.message_event.clear()
 
-        async def gone(self) -> None:
-            while not self.disconnected:
-                await self.message_event.wait()
-                self.message_event.clear()
+        def watch_gone(self, leave: Callable[[], None]) -> Callable[[], object]:
+            if self.disconnected:
+                leave()
+                return _nothing
+            self._on_gone = leave
+            return self._unwatch
+
+        def _unwatch(self) -> None:
+            self._on_gone = None
+
+        def client_gone(self) -> None:
+            """The connection was lost before the answer (``LeanHttpProtocol``)."""
+            leave, self._on_gone = self._on_gone, None
+            if leave is not None:
+                leave()
 
         # -- the cycle -----------------------------------------------------------------------
         async def run_asgi(self, app: Any) -> None:  # the name the protocol calls

@@ -15,6 +15,7 @@ from .push import PushStats
 from .runner import PullResult
 from .topics import SeekTarget
 from .views import GroupSummary, GroupView
+from .waiters import WatchGone, watch_with_task
 
 __all__ = [
     "BlockedKey",
@@ -29,7 +30,9 @@ __all__ = [
     "PushStats",
     "Result",
     "SeekTarget",
+    "WatchGone",
     "deliveries",
     "delivery_json",
     "message_json",
+    "watch_with_task",
 ]

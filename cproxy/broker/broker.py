@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import anyio
 import orjson
@@ -40,6 +40,7 @@ from .hosting import QueueHosting
 from .runner import GroupRunner, PullResult
 from .topics import Retention, SeekTarget, Topics, retention_of
 from .views import GroupSummary, GroupView
+from .waiters import WatchGone
 
 logger = logging.getLogger(__name__)
 
@@ -321,13 +322,13 @@ class Broker(QueueHosting):
         topics: Sequence[str] | None,
         results: Sequence[Result],
         max_per_key: int = 1,
-        gone: Callable[[], Awaitable[object]] | None = None,
+        gone: WatchGone | None = None,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
 
-        ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone()``
-        returns when the caller's client disconnected: a waiting pull then leaves at once
-        (``GroupRunner.pull``).
+        ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone`` tells
+        when the caller's client disconnected (``waiters.WatchGone``): a waiting pull then
+        leaves at once (``GroupRunner.pull``).
         """
         limits = self.settings.limits
         if max_messages > limits.max_pull_messages:

@@ -30,6 +30,14 @@ logger = logging.getLogger(__name__)
 #: A lane's key: the pull's topic selection (sorted), or None for "every topic of the group".
 LaneKey = tuple[str, ...] | None
 
+#: How a waiting pull learns that its caller has gone: ``watch(leave)`` has ``leave()``
+#: called on the event loop once the caller's client has disconnected (at once if it
+#: already has), and returns a function that stops watching. A waiting pull watches only
+#: while it waits. The HTTP protocol's cycle implements it with a callback on the
+#: connection's loss (``cproxy.api.lean_http``); ``watch_with_task`` adapts a caller that
+#: can only wait for the disconnect.
+WatchGone = Callable[[Callable[[], None]], Callable[[], object]]
+
 
 #: Waits end on a grid of this many seconds (or of a 20th of the wait, if shorter).
 EXPIRY_GRID_S = 0.05
@@ -151,20 +159,18 @@ class Waiters:
         self,
         waiter: Waiter,
         timeout_s: float,
-        gone: Callable[[], Awaitable[object]] | None,
+        watch: WatchGone | None,
         give_back: Callable[[list[Delivery]], None],
     ) -> list[Delivery]:
         """Queue ``waiter`` and wait until work is handed to it, ``timeout_s`` passed or
-        ``gone()`` returned (the caller's client disconnected); returns what it got.
+        ``watch`` said the caller's client disconnected; returns what it got.
 
         Whatever was handed to a waiter that cannot return it (cancelled, or its caller
         gone, in the same instant) goes to ``give_back``: it must not stay in flight with
         nobody to ack it.
         """
         self.enqueue(waiter)
-        # A bare task, not a task group: this runs once per waiting pull, and an anyio task
-        # group with its cancel scopes costs several times as much CPU as the whole wait.
-        watch = None if gone is None else asyncio.ensure_future(_watch(waiter, gone))
+        unwatch = None if watch is None else watch(waiter.leave)
         try:
             await waiter.wait(timeout_s)
         except BaseException:
@@ -173,8 +179,8 @@ class Waiters:
             give_back(waiter.take())
             raise
         finally:
-            if watch is not None:
-                watch.cancel()
+            if unwatch is not None:
+                unwatch()
         self.remove(waiter)
         if waiter.left:
             give_back(waiter.take())
@@ -238,10 +244,22 @@ def _release(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-async def _watch(waiter: Waiter, gone: Callable[[], Awaitable[object]]) -> None:
+def watch_with_task(gone: Callable[[], Awaitable[object]]) -> WatchGone:
+    """A ``WatchGone`` for a caller that can only wait until its client has gone
+    (``gone()`` returns then; an ASGI app, which must call ``receive``): a task awaits it.
+    A bare task, not a task group: an anyio task group with its cancel scopes costs
+    several times as much CPU as the whole wait."""
+
+    def watch(leave: Callable[[], None]) -> Callable[[], object]:
+        return asyncio.ensure_future(_watch(gone, leave)).cancel
+
+    return watch
+
+
+async def _watch(gone: Callable[[], Awaitable[object]], leave: Callable[[], None]) -> None:
     try:
         await gone()
-    except Exception as exc:  # cannot watch: wait on as if no ``gone`` was given
+    except Exception as exc:  # cannot watch: wait on as if nobody watched
         logger.debug("pull not watched for a gone client: %r", exc)
         return
-    waiter.leave()
+    leave()

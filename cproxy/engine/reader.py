@@ -231,8 +231,16 @@ class Reader:
 
     def next_rescan_ms(self) -> int | None:
         """When a delay rescan should next start (ms), or None."""
-        times = [t for c in self._cursors.values() if (t := c.delays.rescan_at_ms()) is not None]
-        return min(times, default=None)
+        earliest: int | None = None
+        for cur in self._cursors.values():
+            at = cur.delays.rescan_at_ms()
+            if at is not None and (earliest is None or at < earliest):
+                earliest = at
+        return earliest
+
+    def has_unread(self) -> bool:
+        """A queue has messages not read yet, or a restore or scan under way."""
+        return any(_has_work(cur) for cur in self._unread.values())
 
     def delayed_released(self) -> int:
         """Unordered delayed messages released from memory (as far as known)."""

@@ -266,8 +266,16 @@ class Sequencer:
 
     def next_due_ms(self) -> int | None:
         """When ``advance`` next has work (ms), or None."""
-        times = [self._delayed.next_ms(), self._sleeping[0][0] if self._sleeping else None]
-        return min((t for t in times if t is not None), default=None)
+        due = self._delayed.next_ms()
+        if self._sleeping:
+            wake = self._sleeping[0][0]
+            if due is None or wake < due:
+                return wake
+        return due
+
+    def has_reloads(self) -> bool:
+        """Chains are queued for a reload (``next_reload`` may return one)."""
+        return bool(self._reloads)
 
     def sleeping(self) -> int:
         """How many chains sleep (a far delayed head released from memory)."""

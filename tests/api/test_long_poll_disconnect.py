@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterator
+from pathlib import Path
 
 import orjson
+import pytest
 
-from tests.support import RunningServer, wait_until
+from tests.support import RunningServer, make_settings, wait_until
+
+
+@pytest.fixture(params=[True, False], ids=["lean-protocol", "asgi"])
+def any_path_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[RunningServer]:
+    """Hot calls answered below ASGI (the protocol sees the connection lost), or through
+    ASGI (a task waits for ``http.disconnect``)."""
+    running = RunningServer(make_settings(tmp_path), lean_http=request.param)
+    yield running
+    running.stop()
 
 
 def _send_pull(server: RunningServer, wait_ms: int) -> socket.socket:
@@ -42,8 +54,9 @@ def _answer(sock: socket.socket) -> tuple[bytes, bytes]:
 
 
 def test_a_disconnected_long_poll_leaves_the_line_and_takes_no_message(
-    server: RunningServer,
+    any_path_server: RunningServer,
 ) -> None:
+    server = any_path_server
     with server.client() as client:
         assert client.post("/v1/topics", json={"name": "t", "queues": 2}).status_code == 201
         group = {"topics": {"t": {"order_by": "key"}}}

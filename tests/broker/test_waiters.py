@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from cproxy.broker.broker import Broker
-from cproxy.broker.waiters import Waiter, Waiters, expiry
+from cproxy.broker.waiters import Waiter, Waiters, expiry, watch_with_task
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery
 from cproxy.model import Message
@@ -381,7 +381,7 @@ async def test_a_pull_whose_caller_is_gone_leaves_the_line() -> None:
         answers: list[int] = []
 
         async def poll() -> None:
-            result = await broker.pull("g", 10, 30_000, None, [], gone=gone.wait)
+            result = await broker.pull("g", 10, 30_000, None, [], gone=watch_with_task(gone.wait))
             answers.append(len(result.deliveries))
 
         with anyio.fail_after(5):
@@ -400,7 +400,7 @@ async def test_messages_handed_to_a_pull_whose_caller_just_went_go_back() -> Non
         answers: list[int] = []
 
         async def poll() -> None:
-            result = await broker.pull("g", 10, 30_000, None, [], gone=gone.wait)
+            result = await broker.pull("g", 10, 30_000, None, [], gone=watch_with_task(gone.wait))
             answers.append(len(result.deliveries))
 
         async with anyio.create_task_group() as tg:
@@ -413,3 +413,51 @@ async def test_messages_handed_to_a_pull_whose_caller_just_went_go_back() -> Non
         assert runner.stats().in_flight == 0
         again = (await broker.pull("g", 10, 0, None, [])).deliveries
         assert [(d.message.offset, d.attempt) for d in again] == [(0, 1)]
+
+
+async def test_a_watch_by_callback_is_told_to_leave_and_stopped_when_the_wait_ends() -> None:
+    """The HTTP protocol's way (no task): ``watch(leave)`` keeps ``leave`` until the
+    connection is lost; the pull stops watching once its wait is over, however it ended."""
+    async with running(MemoryStore()) as broker:
+        await _group(broker)
+        runner = broker.groups["g"]
+        held: list[Any] = []
+        stopped: list[bool] = []
+
+        def watch(leave: Any) -> Any:
+            held.append(leave)
+            return lambda: stopped.append(True)
+
+        answers: list[int] = []
+
+        async def poll() -> None:
+            result = await broker.pull("g", 10, 30_000, None, [], gone=watch)
+            answers.append(len(result.deliveries))
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                await _wait_for(lambda: runner.waiting_pulls == 1)
+                held[0]()  # the connection was lost
+        assert answers == [0] and stopped == [True] and runner.waiting_pulls == 0
+
+        # Answered normally: the watch is stopped too, and nobody is told to leave later.
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                await _wait_for(lambda: runner.waiting_pulls == 1)
+                await broker.produce("t", items("a"))
+        assert answers == [0, 1] and stopped == [True, True]
+
+
+async def test_a_pull_whose_client_is_already_gone_does_not_wait() -> None:
+    async with running(MemoryStore()) as broker:
+        await _group(broker)
+
+        def gone_already(leave: Any) -> Any:
+            leave()
+            return lambda: None
+
+        with anyio.fail_after(5):
+            result = await broker.pull("g", 10, 30_000, None, [], gone=gone_already)
+        assert result.deliveries == [] and broker.groups["g"].waiting_pulls == 0
