@@ -9,7 +9,6 @@ the same queue number a Java Kafka producer would pick for the same partition co
 from __future__ import annotations
 
 import struct
-from functools import lru_cache
 from typing import Final
 
 __all__ = ["RoundRobin", "key_hash", "murmur2", "queue_for_key"]
@@ -46,13 +45,26 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-@lru_cache(maxsize=65536)
+#: ``key_hash`` of recent keys; emptied whenever it reaches ``_CACHED_KEYS`` entries.
+_KEY_HASHES: Final[dict[str, int]] = {}
+_CACHED_KEYS: Final = 65536
+
+
 def key_hash(key: str) -> int:
     """Kafka's ``toPositive(murmur2(key))``: ``key_hash(key) % queues`` is the key's queue.
 
     Cached because the same keys (ride ids, user ids) recur constantly on the produce path,
-    which calls this directly (one C-level cache lookup per message)."""
-    return murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+    which calls this once per message. A plain dict, emptied when full, rather than an
+    ``lru_cache``: compiled, a hit is one dict lookup, with no call through the cache's
+    wrapper and no recency list to update (an ``lru_cache`` was ~1.5 % of the server's CPU
+    at batch 100)."""
+    cached = _KEY_HASHES.get(key)
+    if cached is not None:
+        return cached
+    if len(_KEY_HASHES) >= _CACHED_KEYS:
+        _KEY_HASHES.clear()
+    value = _KEY_HASHES[key] = murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+    return value
 
 
 def queue_for_key(key: str, queues: int) -> int:

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from cproxy.placement import RoundRobin, murmur2, queue_for_key
+from cproxy import placement
+from cproxy.placement import RoundRobin, key_hash, murmur2, queue_for_key
 
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2, plus the empty input.
 KAFKA_VECTORS = {
@@ -90,3 +91,10 @@ def test_round_robin_cycles_per_topic() -> None:
     assert rr.next("a", 3) == 1
     with pytest.raises(ValueError):
         rr.next("c", 0)
+
+
+def test_key_hash_cache_stays_bounded_and_right() -> None:
+    keys = [f"user-{i}" for i in range(placement._CACHED_KEYS + 5000)]
+    for key in keys + keys[:100]:
+        assert key_hash(key) == murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+    assert 0 < len(placement._KEY_HASHES) <= placement._CACHED_KEYS

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup
@@ -41,9 +41,10 @@ from .waiters import Waiter, Waiters, WatchGone
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class PullResult:
-    """Messages handed out by a pull, and what the results sent with it did."""
+class PullResult(NamedTuple):
+    """Messages handed out by a pull, and what the results sent with it did. A named
+    tuple: one is made per pull, and a frozen dataclass's ``__init__`` costs ~1 % of the
+    server's CPU at batch 10."""
 
     deliveries: list[Delivery]
     applied: int
