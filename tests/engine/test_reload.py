@@ -76,3 +76,36 @@ def test_messages_arriving_during_a_reload_wait_behind_it() -> None:
         order += [d.message.offset for d in got]
         h.ack(*got)
     assert order == [*range(1, 41, 2), late.offset]
+
+
+def _nothing_plannable_unless_wanted(h: Harness) -> None:
+    """``wants_fetch`` False means ``plan_fetches`` plans nothing at this time."""
+    if not h.engine.wants_fetch():
+        assert h.engine.plan_fetches(h.now) == []
+
+
+def test_wants_fetch_is_true_whenever_a_read_may_be_planned() -> None:
+    # The broker wakes its fetcher after acks only when this says so (GroupRunner).
+    h = Harness(max_buffered=10, ack_timeout_ms=600_000)
+    assert not h.engine.wants_fetch()
+    h.produce("a")
+    assert h.engine.wants_fetch()  # a message not read yet
+    got = h.pull()
+    assert not h.engine.wants_fetch()
+    h.ack(*got)
+    _nothing_plannable_unless_wanted(h)
+
+    _park_a_long_chain(h, 60)  # fills the buffer: new messages wait unread
+    assert h.engine.wants_fetch()
+    while got := h.pull():
+        h.ack(*got)
+        _nothing_plannable_unless_wanted(h)
+    assert h.engine.stats().parked_keys == 1 and not h.engine.wants_fetch()
+    # The stuck head is acked: its parked chain must be read back.
+    assert h.engine.apply_results([Result("t", 0, acks=[1])], h.now).applied == 1
+    assert h.engine.wants_fetch()
+    while got := h.pull():
+        h.ack(*got)
+        _nothing_plannable_unless_wanted(h)
+    assert h.engine.stats().parked_keys == 0 and not h.engine.wants_fetch()
+    assert h.engine.stats().queues[0].committed_offset == 62
