@@ -1,7 +1,7 @@
-"""``Message``, in a module of its own so that mypyc compiles it (``cproxy/_native.py``): the
-compiled engine and store read its fields several times per message, and a native class's
-fields are read directly instead of through Python's attribute lookup. ``cproxy.model``
-re-exports it; import it from there.
+"""``Message`` and ``NewMessage``, in a module of their own so that mypyc compiles them
+(``cproxy/_native.py``): the compiled engine, produce path and store read their fields several
+times per message, and a native class's fields are read directly instead of through Python's
+attribute lookup. ``cproxy.model`` re-exports them; import them from there.
 """
 
 from __future__ import annotations
@@ -57,3 +57,39 @@ class Message:
     @property
     def ref(self) -> MessageRef:
         return (self.topic, self.qid, self.offset)
+
+
+@dataclass(slots=True)
+class NewMessage:
+    """A message of a produce call, from the HTTP layer to the store; nothing stored yet.
+
+    ``qid`` is the queue the producer asked for, or ``None`` to let the broker choose: the
+    broker fills it in place (placement by key, else round robin) before ``append``, and
+    stores require it set.
+    """
+
+    key: str | None
+    body_json: bytes
+    headers_json: bytes | None = None
+    id: str | None = None
+    qid: int | None = None
+    #: Not delivered before this time (ms since the epoch); None: not delayed. The HTTP
+    #: layer computes it from ``delay_ms`` with the broker's clock.
+    deliver_at_ms: int | None = None
+
+    # Written out for the same reason as ``Message.__init__``.
+    def __init__(
+        self,
+        key: str | None,
+        body_json: bytes,
+        headers_json: bytes | None = None,
+        id: str | None = None,
+        qid: int | None = None,
+        deliver_at_ms: int | None = None,
+    ) -> None:
+        self.key = key
+        self.body_json = body_json
+        self.headers_json = headers_json
+        self.id = id
+        self.qid = qid
+        self.deliver_at_ms = deliver_at_ms
