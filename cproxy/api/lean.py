@@ -260,7 +260,7 @@ async def _produce(
     token: Token | None,
     body: Produce,
     raw: bytes,
-    gone: WatchGone,
+    watch_gone: WatchGone,
 ) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
@@ -280,7 +280,7 @@ async def _pull(
     token: Token | None,
     body: Pull,
     raw: bytes,
-    gone: WatchGone,
+    watch_gone: WatchGone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
@@ -292,7 +292,7 @@ async def _pull(
         body.topics,
         results(body.results),
         body.max_per_key,
-        gone=gone,
+        gone=watch_gone,
     )
     return wire.pull_answer(answer, runs=body.max_per_key > 1)
 
@@ -303,7 +303,7 @@ async def _ack(
     token: Token | None,
     body: Ack,
     raw: bytes,
-    gone: WatchGone,
+    watch_gone: WatchGone,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])
