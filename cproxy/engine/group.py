@@ -196,7 +196,9 @@ class GroupEngine(Operations, QueueSet):
         sent.append(entry)
         message = entry.message
         self._in_flight[(message.topic, message.qid, message.offset)] = entry
-        out.append(Delivery(message, attempt, run, entry.body_json))
+        # ``tuple.__new__`` directly: a named tuple's own ``__new__`` is interpreted Python,
+        # ~190 ns more per delivered message even from compiled code.
+        out.append(tuple.__new__(Delivery, (message, attempt, run, entry.body_json)))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
