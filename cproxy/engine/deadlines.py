@@ -17,6 +17,17 @@ from typing import Literal
 from cproxy.engine.work import Entry, State
 
 
+def earliest(a: int | None, b: int | None) -> int | None:
+    """The earlier of two optional times (ms), None if both are None. Written out rather than
+    ``min`` over a filtering generator: the engine asks for its next deadline after every pull
+    and every batch of results, and compiled, the generator cost ~1 µs a call."""
+    if a is None:
+        return b
+    if b is None or a <= b:
+        return a
+    return b
+
+
 class DeadlineHeap:
     """Entries by time. An item holds every entry pushed with one time in one call: a pull
     pushes its whole answer with one deadline as one item, not one heap push per message.

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
 from cproxy.engine.cursor import FetchRequest, QueueCursor
+from cproxy.engine.deadlines import earliest
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Chain, Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
@@ -231,12 +232,10 @@ class Reader:
 
     def next_rescan_ms(self) -> int | None:
         """When a delay rescan should next start (ms), or None."""
-        earliest: int | None = None
+        first: int | None = None
         for cur in self._cursors.values():
-            at = cur.delays.rescan_at_ms()
-            if at is not None and (earliest is None or at < earliest):
-                earliest = at
-        return earliest
+            first = earliest(first, cur.delays.rescan_at_ms())
+        return first
 
     def has_unread(self) -> bool:
         """A queue has messages not read yet, or a restore or scan under way."""

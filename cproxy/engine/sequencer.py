@@ -40,7 +40,7 @@ from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.deadlines import DeadlineHeap, earliest
 from cproxy.engine.work import Entry, State, Tally
 
 # Final: see cproxy/_native.py.
@@ -266,12 +266,7 @@ class Sequencer:
 
     def next_due_ms(self) -> int | None:
         """When ``advance`` next has work (ms), or None."""
-        due = self._delayed.next_ms()
-        if self._sleeping:
-            wake = self._sleeping[0][0]
-            if due is None or wake < due:
-                return wake
-        return due
+        return earliest(self._delayed.next_ms(), self._sleeping[0][0] if self._sleeping else None)
 
     def has_reloads(self) -> bool:
         """Chains are queued for a reload (``next_reload`` may return one)."""
