@@ -169,13 +169,11 @@ class Exchange(Protocol):
 class _Asgi:
     """An ``Exchange`` over an ASGI scope and receive."""
 
-    __slots__ = ("_receive", "_scope", "watch_gone")
+    __slots__ = ("_receive", "_scope")
 
     def __init__(self, scope: Scope, receive: Receive) -> None:
         self._scope = scope
         self._receive = receive
-        #: ASGI says "gone" only to ``receive``: a task waits on it while a pull waits.
-        self.watch_gone = watch_with_task(self._gone)
 
     @property
     def path(self) -> str:
@@ -203,6 +201,10 @@ class _Asgi:
             if not message.get("more_body", False):
                 break
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def watch_gone(self, leave: Callable[[], None]) -> Callable[[], object]:
+        # ASGI says "gone" only to ``receive``: a task waits on it while a pull waits.
+        return watch_with_task(self._gone)(leave)
 
     async def _gone(self) -> None:
         # The body was read: the next message is the end.
