@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 #: encoders, ``api/wire.py`` and ``broker/message_json.py``, stay Python for that reason).
 MODULES = (
     "cproxy._message",
+    "cproxy.engine.chains",
     "cproxy.engine.cursor",
     "cproxy.engine.deadlines",
     "cproxy.engine.delays",

@@ -12,6 +12,9 @@ A pull that finds nothing waits in the group's FIFO of waiters (``waiters.py``):
 work becomes ready, a hand-out (``hand_out``, a loop callback scheduled by
 ``_notify_ready``) gives it to the oldest waiters, one engine pull each, and wakes only
 those; idle waiters cost nothing.
+
+Operator calls (seek, redrive, skip, dead letters, ...) are mixed in from ``runner_ops.py``,
+cluster hooks (queues joining and leaving) from ``runner_queues.py``.
 """
 
 from __future__ import annotations
@@ -29,12 +32,13 @@ from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
-from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .runner_ops import OperatorCalls
 from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
 
@@ -51,7 +55,7 @@ class PullResult(NamedTuple):
     unknown: list[MessageRef]
 
 
-class GroupRunner(QueueHooks):
+class GroupRunner(QueueHooks, OperatorCalls):
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
     def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
@@ -313,10 +317,6 @@ class GroupRunner(QueueHooks):
             self._fetch_kick.set()
 
     # -- views ---------------------------------------------------------------------------------
-    @property
-    def config(self) -> GroupConfig:
-        return self._engine.config
-
     def reads(self, topic: str) -> bool:
         """Whether the group subscribes to ``topic``."""
         return self._engine.reads(topic)
@@ -326,40 +326,6 @@ class GroupRunner(QueueHooks):
 
     def blocked_keys(self, topic: str | None) -> list[BlockedKey]:
         return self._engine.blocked_keys(topic)
-
-    async def oldest_unfinished_at_ms(self, stats: GroupStats) -> int | None:
-        """When the oldest message not yet acked or dead-lettered was produced (ms), read
-        from the store at each queue's committed offset; None when every queue is caught up."""
-        oldest: int | None = None
-        for q in stats.queues:
-            if q.committed_offset < q.next_offset:
-                try:
-                    first = await self._store.read(q.topic, q.qid, q.committed_offset, 1)
-                except StoreError as exc:
-                    logger.warning("group=%s oldest unfinished not read: %s", self.name, exc)
-                    continue
-                if first:
-                    at = first[0].produced_at_ms
-                    oldest = at if oldest is None else min(oldest, at)
-        return oldest
-
-    async def dead_letters(
-        self, topic: str | None, limit: int, within: Collection[str] | None
-    ) -> list[DeadLetter]:
-        """Dead letters (of ``topic``, or all; only topics in ``within`` unless it is None)."""
-        # Flush first: a message just dead-lettered is listed at once (read your writes),
-        # consistent with the group stats, which count pending dead letters too.
-        await self.commit()
-        if within is None or topic is not None:
-            if topic is not None and within is not None and topic not in within:
-                return []
-            return await self._store.list_dead_letters(self.name, topic, limit)
-        rows: list[DeadLetter] = []
-        for scoped in sorted(within):  # the store's order: topic names compare as bytes
-            rows += await self._store.list_dead_letters(self.name, scoped, limit - len(rows))
-            if len(rows) >= limit:
-                break
-        return rows
 
     def push_stats(self) -> list[PushStats]:
         """The state of each topic's pusher (none when no topic entry has ``push``)."""
@@ -424,53 +390,3 @@ class GroupRunner(QueueHooks):
         attempts: Mapping[MessageRef, int] | None = None,
     ) -> Outcome:
         return self._engine.extend(refs, ack_timeout_ms, now_ms(), attempts)
-
-    def note_retention(self, topic: str, qid: int, min_offset: int) -> int:
-        """Retention deleted the queue's messages below ``min_offset``: a position behind it
-        skips ahead. Returns how many messages the group lost (never read or finished)."""
-        lost = self._engine.on_retention(topic, qid, min_offset)
-        if lost:
-            logger.warning(
-                "group=%s topic=%s qid=%d lost_to_retention=%d min_offset=%d",
-                self.name,
-                topic,
-                qid,
-                lost,
-                min_offset,
-            )
-            self._commit_kick.set()  # persist the skip
-        self._fetch_kick.set()
-        if self._engine.has_ready():
-            self._notify_ready()
-        return lost
-
-    # -- operator calls ------------------------------------------------------------------------
-    async def seek(self, topic: str, targets: dict[int, int]) -> None:
-        self._engine.seek(topic, targets)
-        await self.commit()
-        self._fetch_kick.set()
-        logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
-
-    async def redrive(self, topic: str | None) -> int:
-        """Deliver dead letters again (cluster: those of the queues this proxy owns)."""
-        owned = self._engine.served_queues() if self.cluster else None
-        dead = await self._store.start_redrive(self.name, topic, owned)
-        count = self._engine.redrive(dead)
-        self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
-        if self._engine.has_ready():
-            self._notify_ready()
-        await self.commit()  # dead letters of unsubscribed topics go back
-        logger.info("group=%s redriving dead_letters=%d", self.name, count)
-        return count
-
-    def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
-        done = self._engine.skip(topic, order_value, ref, now_ms())
-        self._after_finish()
-        if self._engine.has_ready():
-            self._notify_ready()
-        return done
-
-    def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
-        done = self._engine.release(topic, order_value, ref)
-        self._notify_ready()
-        return done

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
+from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap, earliest
 from cproxy.engine.expressions import Screen
@@ -29,7 +30,7 @@ from cproxy.engine.progress import snapshot
 from cproxy.engine.queue_set import QueueSet
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
-from cproxy.engine.sequencer import Chain, Sequencer
+from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef

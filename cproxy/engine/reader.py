@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
+from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.deadlines import earliest
-from cproxy.engine.sequencer import WAKE_LEAD_MS, Chain, Sequencer
+from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 

@@ -38,8 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from mypy_extensions import mypyc_attr
-
+from cproxy.engine.chains import NO_ENTRIES, Chain, ReadyQueue
 from cproxy.engine.deadlines import DeadlineHeap, earliest
 from cproxy.engine.work import Entry, State, Tally
 
@@ -54,102 +53,6 @@ SLEEP_BEYOND_MS: Final = 3000
 #: driver's timer wakes at least once a second and then sleeps until the next due time, so
 #: a head read back this early is handed out on time.
 WAKE_LEAD_MS: Final = 1500
-
-
-# Subclasses of built-in containers stay ordinary Python classes when mypyc compiles the
-# engine (``cproxy/_native.py``): native classes cannot extend ``deque`` or ``dict``.
-@mypyc_attr(native_class=False)
-class _NoEntries(deque[Entry]):
-    """The shared, always empty ``run``/``waiting`` of chains that hold nothing there: an
-    empty deque costs ~600 B, which a parked or sleeping key should not pay. Writing to it
-    is a bug (the sequencer gives a chain its own deque first)."""
-
-    def append(self, entry: Entry, /) -> None:
-        raise AssertionError("a chain's shared empty deque was written to")
-
-    def appendleft(self, entry: Entry, /) -> None:
-        raise AssertionError("a chain's shared empty deque was written to")
-
-
-_NO_ENTRIES: Final = _NoEntries()
-
-
-@mypyc_attr(native_class=False)
-class _NoOffsets(dict[int, int]):
-    """The shared, always empty ``parked``/``reloading`` of chains with nothing parked (nearly
-    all of them): a chain is created per key coming into memory, and two empty dicts each
-    time cost allocations for nothing. Writing to it is a bug (``note_parked`` and
-    ``start_reload`` give the chain its own dict first)."""
-
-    def __setitem__(self, key: int, value: int, /) -> None:
-        raise AssertionError("a chain's shared empty offsets were written to")
-
-
-_NO_OFFSETS: Final = _NoOffsets()
-
-
-class Chain:
-    """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
-
-    __slots__ = ("head", "parked", "reloading", "run", "topic", "value", "waiting", "wake_ms")
-
-    def __init__(self, topic: str, value: str) -> None:
-        self.topic = topic
-        self.value = value
-        self.head: Entry | None = None
-        #: Messages handed out together with the head (a same-key run), in offset order.
-        self.run: deque[Entry] = _NO_ENTRIES
-        self.waiting: deque[Entry] = _NO_ENTRIES
-        #: qid -> earliest offset dropped from memory and not yet reloaded.
-        self.parked: dict[int, int] = _NO_OFFSETS
-        #: qid -> where a reload under way started; while one runs, arrivals stay parked to
-        #: keep offset order.
-        self.reloading: dict[int, int] = _NO_OFFSETS
-        #: Set while the chain sleeps (its delayed head released too): when to reload it (ms).
-        self.wake_ms: int | None = None
-
-    @property
-    def is_parked(self) -> bool:
-        return bool(self.parked) or bool(self.reloading)
-
-    def lowest_unread(self, qid: int) -> int | None:
-        """The lowest offset of this chain in queue ``qid`` that is not in memory, if any."""
-        offsets = [o for o in (self.parked.get(qid), self.reloading.get(qid)) if o is not None]
-        return min(offsets) if offsets else None
-
-    def note_parked(self, qid: int, offset: int) -> None:
-        """Remember that ``offset`` of queue ``qid`` was dropped and must be reloaded."""
-        current = self.parked.get(qid)
-        if current is None or offset < current:
-            if self.parked is _NO_OFFSETS:
-                self.parked = {}
-            self.parked[qid] = offset
-
-    def start_reload(self, qid: int) -> None:
-        """A reload of queue ``qid`` is planned: its parked offset is now being read back."""
-        start = self.parked.pop(qid)
-        if self.reloading is _NO_OFFSETS:
-            self.reloading = {}
-        self.reloading[qid] = start
-
-
-class _ReadyQueue:
-    """Ready entries of one topic: reactivated chains first, then fresh work."""
-
-    __slots__ = ("fresh", "reactivated")
-
-    def __init__(self) -> None:
-        self.reactivated: deque[Entry] = deque()
-        self.fresh: deque[Entry] = deque()
-
-    def pop(self) -> Entry | None:
-        # Entries that left READY elsewhere (seek) stay in the deques; skip them lazily.
-        for queue in (self.reactivated, self.fresh):
-            while queue:
-                entry = queue.popleft()
-                if entry.state is _READY:
-                    return entry
-        return None
 
 
 class Sequencer:
@@ -169,7 +72,7 @@ class Sequencer:
     def __init__(self, topics: list[str], tally: Tally) -> None:
         self._tally = tally
         self._chains: dict[tuple[str, str], Chain] = {}
-        self._ready = {topic: _ReadyQueue() for topic in topics}
+        self._ready = {topic: ReadyQueue() for topic in topics}
         #: Chains that ran dry with parked messages: the reader plans their reloads.
         self._reloads: list[Chain] = []
         #: DELAYED entries by due time (at most the held entries, with lazy deletion).
@@ -217,7 +120,7 @@ class Sequencer:
             chain.head = entry
             self._make_head(entry, reactivated=reactivated)
         else:
-            if chain.waiting is _NO_ENTRIES:
+            if chain.waiting is NO_ENTRIES:
                 chain.waiting = deque()
             chain.waiting.append(entry)
             self._tally.move(entry, _WAITING)
@@ -285,7 +188,7 @@ class Sequencer:
         for entry in (head, *chain.waiting):
             chain.note_parked(entry.message.qid, entry.message.offset)
             self._tally.move(entry, State.OUT)
-        chain.waiting = _NO_ENTRIES
+        chain.waiting = NO_ENTRIES
         wake = chain.wake_ms = max(self._now_ms, head.due_ms - WAKE_LEAD_MS)
         heapq.heappush(self._sleeping, (wake, next(self._sleep_seq), chain))
 
@@ -320,7 +223,7 @@ class Sequencer:
             if due is not None and due > self._now_ms:
                 break
             entry = chain.waiting.popleft()
-            if chain.run is _NO_ENTRIES:
+            if chain.run is NO_ENTRIES:
                 chain.run = deque()
             chain.run.append(entry)
             out.append(entry)
@@ -328,7 +231,7 @@ class Sequencer:
 
     def send_back(self, chain: Chain, entries: list[Entry]) -> None:
         """Run members go back behind the head, in order, to wait for their turn again."""
-        if chain.waiting is _NO_ENTRIES:
+        if chain.waiting is NO_ENTRIES:
             chain.waiting = deque()
         for entry in reversed(entries):
             chain.run.remove(entry)
@@ -339,7 +242,7 @@ class Sequencer:
         """A run member (not the head) finished before the head did."""
         chain.run.remove(entry)
         if not chain.run:
-            chain.run = _NO_ENTRIES
+            chain.run = NO_ENTRIES
 
     # -- finishing -----------------------------------------------------------------------------
     def head_done(self, chain: Chain) -> None:
@@ -352,12 +255,12 @@ class Sequencer:
         if chain.run:
             chain.head = chain.run.popleft()
             if not chain.run:
-                chain.run = _NO_ENTRIES
+                chain.run = NO_ENTRIES
             return
         if chain.waiting:
             nxt = chain.waiting.popleft()
             if not chain.waiting:
-                chain.waiting = _NO_ENTRIES  # an idle key goes back to the small form
+                chain.waiting = NO_ENTRIES  # an idle key goes back to the small form
             chain.head = nxt
             self._make_head(nxt, reactivated=True)
             return
@@ -391,7 +294,7 @@ class Sequencer:
             for entry in chain.waiting:
                 chain.note_parked(entry.message.qid, entry.message.offset)
                 self._tally.move(entry, State.OUT)
-            chain.waiting = _NO_ENTRIES
+            chain.waiting = NO_ENTRIES
             if self._tally.held <= until_held:
                 break
 
@@ -450,7 +353,7 @@ class Sequencer:
                 gone = [e for e in held if hit(e)]
                 if gone:
                     kept = deque(e for e in held if not hit(e))
-                    setattr(chain, name, kept if kept else _NO_ENTRIES)
+                    setattr(chain, name, kept if kept else NO_ENTRIES)
                     dropped.extend(gone)
             for qid in qids:
                 chain.parked.pop(qid, None)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Final
 from cproxy.model import Message
 
 if TYPE_CHECKING:
-    from cproxy.engine.sequencer import Chain
+    from cproxy.engine.chains import Chain
 
 
 class State(enum.IntEnum):
