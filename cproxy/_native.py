@@ -59,6 +59,7 @@ MODULES = (
     "cproxy.engine.progress",
     "cproxy.engine.push_config",
     "cproxy.engine.queue_set",
+    "cproxy.engine.readback",
     "cproxy.engine.reader",
     "cproxy.engine.records",
     "cproxy.engine.sequencer",

@@ -23,6 +23,7 @@ from typing import Final
 from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.deadlines import earliest
+from cproxy.engine.readback import ReadBack
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
 from cproxy.engine.work import Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
@@ -57,7 +58,7 @@ def _hold(message: Message, first_read: bool) -> Entry:
     return Entry(message)
 
 
-class Reader:
+class Reader(ReadBack):
     """Fetch positions and read planning of one group's queues."""
 
     __slots__ = (
@@ -293,69 +294,6 @@ class Reader:
             cur.skip_to(messages[0].offset)  # retention deleted what was not read yet
         self._take_fetch(cur, messages)
 
-    def on_read_failed(self, request: FetchRequest) -> None:
-        """A planned read failed: a fetch is simply planned again; a reload is re-queued."""
-        if not request.is_reload:
-            return
-        assert request.chain_value is not None
-        chain = self._seq.chain(request.topic, request.chain_value)
-        cur = self._cursors.get((request.topic, request.qid))
-        if chain is None:
-            return
-        if cur is not None and cur.epoch == request.epoch:
-            chain.note_parked(request.qid, request.from_offset)
-            self._seq.reload_done(chain, request.qid)
-        else:
-            self._seq.reload_done(chain, None)
-
-    def _take_restore(
-        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
-    ) -> None:
-        if not cur.restore or cur.restore[0][0] != request.from_offset:
-            return  # stale
-        start, end = cur.restore[0]
-        for message in messages:
-            if message.offset >= end or self._tally.held >= self._max_buffered:
-                break
-            entry = self._screen(message, False)
-            if entry is not None:
-                self._seq.admit(entry, self._extract(message))
-            start = message.offset + 1
-        if len(messages) < request.max_count:
-            start = end  # the store has no more of the range (retention deleted it)
-        if start >= end:
-            cur.restore.pop(0)
-        else:
-            cur.restore[0] = (start, end)
-
-    def _take_scan(
-        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
-    ) -> None:
-        if not cur.scan or cur.scan_from != request.from_offset:
-            return  # stale
-        position = request.upto if len(messages) < request.max_count else request.from_offset
-        for message in messages:
-            offset = message.offset
-            if offset >= request.upto:
-                position = request.upto
-                break
-            value = self._extract(message)
-            first = cur.scan.get(value) if value is not None else None
-            if first is not None and offset >= first:
-                if self._tally.held >= self._max_buffered:
-                    # No room: every chain still to read waits parked from here on.
-                    for v, f in cur.scan.items():
-                        self._seq.restore_parked(cur.topic, v, cur.qid, max(f, offset))
-                    cur.scan.clear()
-                    return
-                entry = self._screen(message, False)
-                if entry is not None:
-                    self._seq.admit(entry, value)
-            position = offset + 1
-        cur.scan_from = max(cur.scan_from, position)
-        if cur.scan_from >= request.upto:
-            cur.scan.clear()
-
     def _take_delay_rescan(
         self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
     ) -> None:
@@ -412,37 +350,6 @@ class Reader:
             fetch_offset = offset + 1
         cur.fetch_offset = fetch_offset
         cur.end_offset = max(cur.end_offset, fetch_offset)
-
-    def _take_reload(
-        self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Message]
-    ) -> None:
-        assert request.chain_value is not None
-        chain = self._seq.chain(request.topic, request.chain_value)
-        if chain is None:
-            return
-        if cur is None or cur.epoch != request.epoch:
-            self._seq.reload_done(chain, None)
-            return  # a seek dropped this queue's parked state meanwhile
-        # Where the scan stopped: a full read may have more behind it; a short one reached
-        # the end of what the store holds below ``upto``.
-        scanned_to = messages[-1].offset + 1 if len(messages) >= request.max_count else request.upto
-        for message in messages:
-            offset = message.offset
-            if offset >= request.upto:
-                scanned_to = request.upto
-                break
-            if self._extract(message) != chain.value or cur.is_finished(offset):
-                continue
-            if self._tally.held >= self._max_buffered:
-                scanned_to = offset  # no room: the rest of the chain stays parked
-                break
-            entry = self._screen(message, False)
-            if entry is not None:
-                self._seq.admit_reloaded(entry, chain)
-        scanned_to = min(scanned_to, request.upto)
-        if scanned_to < request.upto:
-            chain.note_parked(request.qid, scanned_to)
-        self._seq.reload_done(chain, request.qid)
 
     # -- operator actions ----------------------------------------------------------------------
     def reset(self, topic: str, qid: int, offset: int) -> None:
