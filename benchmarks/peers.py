@@ -283,32 +283,26 @@ def run_rounds(
     root = Path(tempfile.mkdtemp(prefix="cproxy-peers-"))
     try:
         plain_s: dict[str, float] = {}  # system -> its latest no-stall run's seconds
+
+        def one(system: System, rnd: int, stall: bool) -> dict[str, Any]:
+            tag = f"{system.name.replace(' ', '_')}-r{rnd}-{'stall' if stall else 'plain'}"
+            window = 2 * plain_s[system.name] if stall else HARD_LIMIT_S
+            r = run_once(system, wl, stall, window, root, tag)
+            if not stall:
+                plain_s[system.name] = r["seconds"]
+            progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
+            return r
+
         for rnd in range(rounds):
             shift = rnd % len(systems)
             for system in [*systems[shift:], *systems[:shift]]:
-                tag = f"{system.name.replace(' ', '_')}-r{rnd}"
-
-                def plain_run(system: System = system, tag: str = tag, rnd: int = rnd) -> Any:
-                    r = run_once(system, wl, False, HARD_LIMIT_S, root, f"{tag}-plain")
-                    plain_s[system.name] = r["seconds"]
-                    progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
-                    return r
-
-                def stall_run(system: System = system, tag: str = tag, rnd: int = rnd) -> Any:
-                    window = 2 * plain_s[system.name]
-                    r = run_once(system, wl, True, window, root, f"{tag}-stall")
-                    progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
-                    return r
-
                 # Odd rounds run the stall case first, so that neither case always comes
                 # second (after the other run's load); its window is then 2 x the previous
                 # round's no-stall time.
-                if rnd % 2 == 1 and system.name in plain_s:
-                    stalled = stall_run()
-                    plain = plain_run()
-                else:
-                    plain = plain_run()
-                    stalled = stall_run()
+                stall_first = rnd % 2 == 1 and system.name in plain_s
+                first = one(system, rnd, stall_first)
+                second = one(system, rnd, not stall_first)
+                plain, stalled = (second, first) if stall_first else (first, second)
                 out[system.name].append({"round": rnd, "plain": plain, "stall": stalled})
             if checkpoint is not None:
                 checkpoint(out)
