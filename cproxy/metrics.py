@@ -83,9 +83,10 @@ class _Latencies:
         self.total = 0.0
         self.pending: list[float] = []
 
-    def observe(self, seconds: float) -> None:
+    def observe(self, seconds: list[float]) -> None:
+        """Values (s) of one batch of acks."""
         pending = self.pending
-        pending.append(seconds)
+        pending += seconds
         if len(pending) >= _FLUSH_AT:
             self.flush()
 
@@ -210,8 +211,8 @@ class Metrics:
     def on_produced(self, topic: str, count: int) -> None:
         _child(self._produced, self.produced, topic).inc(count)
 
-    def ack_latency_observer(self, group: str) -> Callable[[float], None]:
-        """The produce-to-ack observer of ``group`` (seconds, one call per acked message)."""
+    def ack_latency_observer(self, group: str) -> Callable[[list[float]], None]:
+        """The produce-to-ack observer of ``group``: seconds, one call per batch of acks."""
         return self._ack_latencies.setdefault(group, _Latencies()).observe
 
     def observe_pull(self, group: str, seconds: float) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -37,11 +38,19 @@ def test_ack_latency_matches_a_plain_histogram(count: int) -> None:
     rng = random.Random(count)
     # Values on the bucket bounds too: buckets are inclusive ("le").
     values = [rng.choice([*_LATENCY_BUCKETS, rng.random() * 400]) for _ in range(count)]
-    for i, value in enumerate(values):
-        observe(value)
-        reference.labels("g").observe(value)
-        if i == count // 2:
+    # In batches of varying size, one per pull that acked something.
+    sizes = itertools.cycle([1, 7, 100, 3])
+    done = 0
+    scraped = False
+    while done < count:
+        batch = values[done : done + next(sizes)]
+        observe(batch)
+        for value in batch:
+            reference.labels("g").observe(value)
+        done += len(batch)
+        if not scraped and done >= count // 2:
             metrics.render()  # a scrape in the middle flushes what is pending
+            scraped = True
     got, expected = _series(metrics.render()), _series(generate_latest(registry))
     assert got.keys() == expected.keys()
     for key, value in expected.items():

@@ -52,11 +52,12 @@ class Broker(QueueHosting):
         self,
         store: Store,
         settings: Settings,
-        ack_latency_for: Callable[[str], Callable[[float], None]] | None = None,
+        ack_latency_for: Callable[[str], Callable[[list[float]], None]] | None = None,
         on_produced: Callable[[str, int], None] | None = None,
         on_pull: Callable[[str, float], None] | None = None,
     ) -> None:
-        """``ack_latency_for(group)`` gives an observer of produce-to-ack seconds;
+        """``ack_latency_for(group)`` gives an observer of produce-to-ack seconds (a list per
+        pull that acked something);
         ``on_produced(topic, count)`` and ``on_pull(group, seconds)`` feed metrics."""
         self.store = store
         self.settings = settings

@@ -87,7 +87,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         config: GroupConfig,
         task_group: TaskGroup,
         commit_interval_ms: int,
-        on_ack_latency_s: Callable[[float], None] | None = None,
+        on_ack_latency_s: Callable[[list[float]], None] | None = None,
         queues: Collection[QueueRef] | None = None,
     ) -> GroupRunner:
         """Load progress (choosing start offsets for new queues) and start the tasks.

@@ -58,15 +58,18 @@ def test_metrics_count_produced_and_delivered_messages(server: RunningServer) ->
         pull_all(client, "g", 6)
         topic = frozenset({("topic", "t")})
         group_topic = frozenset({("group", "g"), ("topic", "t")})
+        group = frozenset({("group", "g")})
 
         def counted() -> bool:
             values = samples(client)
             return (
                 values.get(("cproxy_produced_messages_total", topic)) == 6
                 and values.get(("cproxy_delivered_messages_total", group_topic)) == 6
+                # pull_all acked all 6: one produce-to-ack observation each.
+                and values.get(("cproxy_produce_to_ack_seconds_count", group)) == 6
             )
 
-        wait_until(counted, message="metrics to count 6 produced and 6 delivered messages")
+        wait_until(counted, message="metrics to count 6 produced, delivered and acked messages")
         text = client.get("/metrics").text
         assert "cproxy_produced_messages_total" in text
         assert "cproxy_delivered_messages_total" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cproxy.engine.group import GroupEngine
 from cproxy.engine.records import Result
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, keys, offsets
@@ -164,6 +165,23 @@ def test_results_for_unknown_offsets_change_nothing() -> None:
     applied, unknown = h.engine.apply_results([Result("t", 0, acks=[5, 0])], h.now)
     assert applied == 1 and unknown == [("t", 0, 5)]
     assert h.engine.stats().in_flight == 0 and h.engine.stats().buffered == 0
+
+
+def test_ack_latencies_are_reported_once_per_batch_of_results() -> None:
+    h = Harness()
+    calls: list[list[float]] = []
+    h.engine = GroupEngine("g", h.config, {("t", 0): QueueProgress(0)}, {("t", 0): 0}, calls.append)
+    for key in ("a", "b", "c"):
+        h.produce(key)
+    h.now += 250
+    assert offsets(h.pull()) == [0, 1, 2]
+    h.now += 500
+    results = [Result("t", 0, acks=[0, 1], fails=[(2, "x")]), Result("t", 0, acks=[9])]
+    applied, unknown = h.engine.apply_results(results, h.now)
+    assert (applied, unknown) == (3, [("t", 0, 9)])
+    assert calls == [[0.75, 0.75]]  # produced 750 ms before the acks; the fail is not an ack
+    h.engine.apply_results([Result("t", 0, acks=[0])], h.now)  # already acked: unknown
+    assert calls == [[0.75, 0.75]]
 
 
 def test_extend_pushes_the_deadline() -> None:
