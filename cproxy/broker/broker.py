@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import anyio
 import orjson
@@ -20,11 +20,10 @@ from anyio.abc import TaskGroup
 from cproxy.config import Settings
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome
+from cproxy.engine.snapshots import GroupStats, Outcome
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, StoreError, TopicInUse
 from cproxy.model import (
     AppendResult,
-    DeadLetter,
     Message,
     MessageRef,
     NewMessage,
@@ -37,15 +36,16 @@ from .clock import every, now_ms
 from .delays import check_delays
 from .health import WriteHealth
 from .hosting import QueueHosting
+from .operator_actions import OperatorActions
 from .runner import GroupRunner, PullResult
-from .topics import Retention, SeekTarget, Topics, retention_of
+from .topics import Retention, Topics, retention_of
 from .views import GroupSummary, GroupView
 from .waiters import WatchGone
 
 logger = logging.getLogger(__name__)
 
 
-class Broker(QueueHosting):
+class Broker(QueueHosting, OperatorActions):
     """Start with ``start(task_group)``; stop with ``stop()``."""
 
     def __init__(
@@ -376,72 +376,3 @@ class Broker(QueueHosting):
         if self.check_lease is not None:
             self.check_lease()
         return runner.extend(refs, ack_timeout_ms, attempts)
-
-    # -- operator actions ----------------------------------------------------------------------
-    async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
-        """Move a group's position on one queue (or all queues) of ``topic``."""
-        runner = self._runner(name)
-        self.topic(topic)
-        if not runner.reads(topic):
-            raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
-        targets = await self._topics.seek_targets(topic, qid, to)
-        await runner.seek(topic, targets)
-        return targets
-
-    async def commit(self, name: str) -> None:
-        """Persist the group's progress and dead letters now (normally every interval)."""
-        await self._runner(name).commit()
-
-    async def dead_letters(
-        self, name: str, topic: str | None, limit: int, within: Collection[str] | None = None
-    ) -> list[DeadLetter]:
-        """The group's dead letters (of ``topic``, or all) in (topic, qid, offset) order.
-
-        ``within`` (a token's topic scope; None: any) keeps only dead letters of those
-        topics: a group keeps the dead letters of topics it no longer reads.
-        """
-        return await self._runner(name).dead_letters(topic, limit, within)
-
-    async def redrive(
-        self, name: str, topic: str | None, within: Collection[str] | None = None
-    ) -> int:
-        """Deliver the group's dead letters (of ``topic``, or all) again; returns how many.
-
-        ``within`` (a token's topic scope; None: any) leaves dead letters of other topics
-        untouched. Cluster mode: this proxy redrives those of the queues it owns (the count)
-        and tells its peers, which redrive theirs at once.
-        """
-        runner = self._runner(name)
-        if within is None or topic is not None:
-            if topic is not None and within is not None and topic not in within:
-                return 0
-            topics: list[str | None] = [topic]
-        else:
-            # Only dead letters of topics the group reads are delivered again; others stay put.
-            topics = [t for t in sorted(runner.config.topics) if t in within]
-        count = 0
-        for t in topics:
-            count += await runner.redrive(t)
-            if self.announce_redrive is not None:
-                await self.announce_redrive(name, t)
-        return count
-
-    def blocked_keys(
-        self, name: str, topic: str | None, min_blocked_ms: int, limit: int
-    ) -> list[BlockedKey]:
-        """Heads not finished, blocked at least ``min_blocked_ms``, longest first."""
-        cutoff = now_ms() - min_blocked_ms
-        rows = self._runner(name).blocked_keys(topic)
-        return [r for r in rows if r.blocked_since_ms <= cutoff][:limit]
-
-    def skip(
-        self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
-    ) -> MessageRef:
-        """Dead-letter a retrying or exhausted head (by order value, or by ref if unordered)."""
-        return self._runner(name).skip(topic, order_value, ref)
-
-    def release(
-        self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
-    ) -> MessageRef:
-        """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
-        return self._runner(name).release(topic, order_value, ref)
