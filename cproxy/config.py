@@ -39,7 +39,6 @@ Example ``cproxy.toml``::
 
 from __future__ import annotations
 
-import hashlib
 import re
 import socket
 import ssl
@@ -52,6 +51,7 @@ from typing import Any, Final, Literal
 from cproxy.cluster.settings import ClusterSettings
 from cproxy.engine.group_config import GroupConfig
 from cproxy.errors import ConfigError, InvalidRequest
+from cproxy.tokens import Token, tokens_from_config
 
 #: Topic and group names: 1..200 of ``A-Z a-z 0-9 . _ -``, but not dots alone (``.`` and
 #: ``..`` read as path segments: clients rewrite them, and they name nothing useful).
@@ -71,8 +71,6 @@ def check_name(kind: str, name: str) -> str:
 MAX_QUEUES: Final = 1024
 MiB: Final = 1024 * 1024
 
-Role = Literal["admin", "producer", "consumer"]
-
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -86,52 +84,6 @@ class Limits:
     #: The longest a produced message may be delayed (``delay_ms``/``deliver_at_ms``):
     #: 7 days. A longer delay is a 422.
     max_delay_ms: int = 7 * 24 * 3600 * 1000
-
-
-#: Shortest accepted plain-text token, in characters.
-MIN_TOKEN_CHARS: Final = 8
-_SHA256_HEX: Final = re.compile(r"^[0-9a-f]{64}\Z")
-
-
-def token_digest(secret: str) -> str:
-    """The SHA-256 of a token's UTF-8 bytes, as 64 lowercase hex digits (``token_sha256``)."""
-    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
-
-
-@dataclass(frozen=True, slots=True)
-class Token:
-    """A bearer token; ``topics``/``groups`` of None mean "any".
-
-    Give the secret either in plain text (``token``) or as its SHA-256 digest
-    (``token_sha256``, 64 hex digits), so a config file need not hold the secret itself;
-    exactly one of the two. The authorizer only ever compares digests (:attr:`digest`).
-    """
-
-    token: str | None = field(repr=False)
-    role: Role
-    topics: frozenset[str] | None = None
-    groups: frozenset[str] | None = None
-    name: str = "unnamed"
-    token_sha256: str | None = None
-
-    def __post_init__(self) -> None:
-        if (self.token is None) == (self.token_sha256 is None):
-            raise ConfigError(f"token {self.name!r}: give exactly one of token or token_sha256")
-        if self.token_sha256 is not None:
-            normal = self.token_sha256.strip().lower()
-            if not _SHA256_HEX.match(normal):
-                raise ConfigError(
-                    f"token {self.name!r}: token_sha256 must be 64 hex digits (a SHA-256)"
-                )
-            object.__setattr__(self, "token_sha256", normal)
-
-    @property
-    def digest(self) -> bytes:
-        """The 32-byte SHA-256 of the secret."""
-        if self.token_sha256 is not None:
-            return bytes.fromhex(self.token_sha256)
-        assert self.token is not None  # __post_init__: one of the two is set
-        return hashlib.sha256(self.token.encode("utf-8")).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,58 +179,6 @@ def _limits(raw: Mapping[str, Any]) -> Limits:
     if limits.max_message_bytes > limits.max_request_bytes:
         raise ConfigError("limits.max_message_bytes cannot exceed limits.max_request_bytes")
     return limits
-
-
-def _tokens(raw: Any) -> tuple[Token, ...]:
-    if not isinstance(raw, list):
-        raise ConfigError("tokens must be an array of tables ([[tokens]])")
-    tokens: list[Token] = []
-    for i, item in enumerate(raw):
-        where = f"tokens[{i}]"
-        if not isinstance(item, Mapping):
-            raise ConfigError(f"{where} must be a table")
-        unknown = set(item) - {"token", "token_sha256", "role", "topics", "groups", "name"}
-        if unknown:
-            raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
-        secret, digest = item.get("token"), item.get("token_sha256")
-        if (secret is None) == (digest is None):
-            raise ConfigError(f"{where}: give exactly one of token or token_sha256")
-        if secret is not None and (not isinstance(secret, str) or len(secret) < MIN_TOKEN_CHARS):
-            raise ConfigError(
-                f"{where}.token must be a string of at least {MIN_TOKEN_CHARS} characters"
-            )
-        if digest is not None and (
-            not isinstance(digest, str) or not _SHA256_HEX.match(digest.strip().lower())
-        ):
-            raise ConfigError(
-                f"{where}.token_sha256 must be 64 hex digits, the SHA-256 of the token "
-                "('cproxy token hash' prints it)"
-            )
-        role = item.get("role")
-        if role not in ("admin", "producer", "consumer"):
-            raise ConfigError(f"{where}.role must be 'admin', 'producer' or 'consumer'")
-        scopes: dict[str, frozenset[str] | None] = {}
-        for scope in ("topics", "groups"):
-            names = item.get(scope)
-            if names is not None and (
-                not isinstance(names, list) or not all(isinstance(n, str) for n in names)
-            ):
-                raise ConfigError(f"{where}.{scope} must be a list of names")
-            scopes[scope] = frozenset(names) if names is not None else None
-        tokens.append(
-            Token(
-                secret,
-                role,
-                scopes["topics"],
-                scopes["groups"],
-                str(item.get("name") or f"tokens[{i}]"),
-                token_sha256=digest,
-            )
-        )
-    # By digest: the same secret given once in plain text and once hashed is a duplicate too.
-    if len({t.digest for t in tokens}) != len(tokens):
-        raise ConfigError("tokens must be unique")
-    return tuple(tokens)
 
 
 def _server(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -383,7 +283,7 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
         **_server(dict(raw.get("server", {}))),
         **_store_and_cluster(dict(raw.get("store", {})), dict(raw.get("cluster", {}))),
         limits=_limits(dict(raw.get("limits", {}))),
-        tokens=_tokens(raw.get("tokens", [])),
+        tokens=tokens_from_config(raw.get("tokens", [])),
         topics=topics,
         topic_retention=retention,
         groups=groups,

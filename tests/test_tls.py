@@ -42,8 +42,9 @@ from consumer_sdk import (
     TransportError,
 )
 from cproxy.cli import main
-from cproxy.config import Token, load_settings, settings_from_mapping, token_digest
+from cproxy.config import load_settings, settings_from_mapping
 from cproxy.errors import ConfigError
+from cproxy.tokens import Token, token_digest
 from spark_sink import SinkOptions
 from spark_sink.errors import SinkConfigError
 from spark_sink.producer import check_service

@@ -34,9 +34,10 @@ from typing import Literal
 from fastapi import Request
 
 from cproxy.broker import Broker, GroupSummary
-from cproxy.config import Settings, Token
+from cproxy.config import Settings
 from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo
+from cproxy.tokens import Token
 
 Action = Literal[
     "read_topics", "create_topic", "delete_topic", "produce", "use_group", "delete_group"

@@ -12,9 +12,10 @@ from fastapi import APIRouter, Body, Depends, Query, Request
 from starlette.responses import Response
 
 from cproxy.broker import GroupConfig
-from cproxy.config import Token, check_name
+from cproxy.config import check_name
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
+from cproxy.tokens import Token
 
 from . import wire
 from .auth import Authorizer, require

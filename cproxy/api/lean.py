@@ -32,8 +32,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from cproxy.broker import Broker, Result, WatchGone, watch_with_task
-from cproxy.config import Limits, Token
+from cproxy.config import Limits
 from cproxy.errors import CproxyError, TooLarge
+from cproxy.tokens import Token
 
 from . import errors, wire
 from .auth import Action, Authorizer, check_path

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from cproxy.config import Token
+from cproxy.tokens import Token
 
 from . import wire
 from .auth import require

@@ -12,7 +12,7 @@ import json
 import secrets
 import sys
 
-from cproxy.config import MIN_TOKEN_CHARS, token_digest
+from cproxy.tokens import MIN_TOKEN_CHARS, token_digest
 
 #: Random bytes in a new token: 256 bits, printed as 43 URL-safe characters.
 NEW_TOKEN_BYTES = 32

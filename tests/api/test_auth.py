@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cproxy.config import Token
+from cproxy.tokens import Token
 from tests.api.http_helpers import (
     JSON_HEADERS,
     StateWatch,

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cproxy.config import Token
+from cproxy.tokens import Token
 from tests.api.http_helpers import assert_error, fresh_client, group_stats, shared_server
 from tests.support import RunningServer, wait_until
 

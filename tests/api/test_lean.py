@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from cproxy.config import Limits, Token
+from cproxy.config import Limits
+from cproxy.tokens import Token
 from tests.api.http_helpers import (
     JSON_HEADERS,
     assert_error,

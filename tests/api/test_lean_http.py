@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from cproxy.api.lean_http import LeanCycle, LeanHttpProtocol
-from cproxy.config import Limits, Token
+from cproxy.config import Limits
+from cproxy.tokens import Token
 from tests.conftest import ServerFactory
 from tests.support import RunningServer, make_settings, wait_until
 

@@ -21,7 +21,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 
-from cproxy.config import Token
+from cproxy.tokens import Token
 from tests.api.http_helpers import (
     create_topic,
     group_stats,
