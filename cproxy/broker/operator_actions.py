@@ -14,6 +14,7 @@ from cproxy.model import DeadLetter, MessageRef, TopicInfo
 
 from .clock import now_ms
 from .runner import GroupRunner
+from .runner_ops import topics_in_scope
 from .topics import SeekTarget, Topics
 
 
@@ -59,13 +60,10 @@ class OperatorActions:
         and tells its peers, which redrive theirs at once.
         """
         runner = self._runner(name)
-        if within is None or topic is not None:
-            if topic is not None and within is not None and topic not in within:
-                return 0
-            topics: list[str | None] = [topic]
-        else:
+        topics = topics_in_scope(topic, within)
+        if topic is None and within is not None:
             # Only dead letters of topics the group reads are delivered again; others stay put.
-            topics = [t for t in sorted(runner.config.topics) if t in within]
+            topics = [t for t in topics if t in runner.config.topics]
         count = 0
         for t in topics:
             count += await runner.redrive(t)

@@ -6,7 +6,7 @@ redrive, skip, release), and retention's skips. Rare calls, kept apart from the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 import anyio
 
@@ -20,6 +20,16 @@ from .clock import now_ms
 
 # The runner's logger: these lines were always logged under it, and log settings name it.
 logger = logging.getLogger("cproxy.broker.runner")
+
+
+def topics_in_scope(topic: str | None, within: Collection[str] | None) -> Sequence[str | None]:
+    """What a dead-letter call for ``topic`` (None: every topic) names within a token's topic
+    scope ``within`` (None: any): ``[topic]``, nothing when ``topic`` is outside the scope,
+    or, for every topic under a scope, each scoped topic in the store's order (topic names
+    compare as bytes)."""
+    if topic is not None:
+        return [topic] if within is None or topic in within else []
+    return [None] if within is None else sorted(within)
 
 
 class OperatorCalls:
@@ -59,12 +69,8 @@ class OperatorCalls:
         # Flush first: a message just dead-lettered is listed at once (read your writes),
         # consistent with the group stats, which count pending dead letters too.
         await self.commit()
-        if within is None or topic is not None:
-            if topic is not None and within is not None and topic not in within:
-                return []
-            return await self._store.list_dead_letters(self.name, topic, limit)
         rows: list[DeadLetter] = []
-        for scoped in sorted(within):  # the store's order: topic names compare as bytes
+        for scoped in topics_in_scope(topic, within):
             rows += await self._store.list_dead_letters(self.name, scoped, limit - len(rows))
             if len(rows) >= limit:
                 break
