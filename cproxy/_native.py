@@ -43,7 +43,8 @@ logger = logging.getLogger(__name__)
 #: argument and attribute types at run time, and native classes cannot be monkeypatched. None
 #: may define a msgspec ``Struct``: mypyc drops the keyword arguments of the classes it
 #: compiles, so ``gc=False`` or ``omit_defaults=True`` would silently not apply (the answer
-#: encoders, ``api/wire.py`` and ``broker/message_json.py``, stay Python for that reason).
+#: Structs, in ``api/bodies.py`` and ``broker/message_json.py``, stay Python for that reason;
+#: ``api/items.py``, compiled, builds them).
 MODULES = (
     "cproxy._message",
     "cproxy.engine.chains",
@@ -67,6 +68,7 @@ MODULES = (
     "cproxy.engine.work",
     "cproxy.store._append_plan",
     "cproxy.store._records",
+    "cproxy.api.items",
     "cproxy.api.produced",
     "cproxy.broker.topics",
     "cproxy.placement",

@@ -31,14 +31,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cproxy.broker import Broker, Result, WatchGone, watch_with_task
+from cproxy.broker import Broker, WatchGone, watch_with_task
 from cproxy.config import Limits
 from cproxy.errors import CproxyError, TooLarge
 from cproxy.tokens import Token
 
-from . import errors, wire
+from . import errors, items, wire
 from .auth import Action, Authorizer, check_path
-from .bodies import Ack, Produce, Pull, QueueResults
+from .bodies import Ack, Produce, Pull
 from .errors import BadBody
 from .limits import too_large_message
 from .produced import new_messages
@@ -232,31 +232,6 @@ def _shape_error(raw: bytes, exc: msgspec.ValidationError) -> BadBody:
 # -- the three calls -----------------------------------------------------------------------------
 
 
-def results(items: list[QueueResults]) -> list[Result]:
-    """Acks and fails as the broker takes them; ``{"offset", "attempt"}`` items fence."""
-    out = []
-    for r in items:
-        attempts: dict[int, int] = {}
-        acks = []
-        for a in r.acks:
-            if isinstance(a, int):
-                acks.append(a)
-            else:
-                acks.append(a.offset)
-                if a.attempt is not None:
-                    attempts[a.offset] = a.attempt
-        fails: list[tuple[int, str | None]] = []
-        for f in r.fails:
-            if isinstance(f, int):
-                fails.append((f, None))
-            else:
-                fails.append((f.offset, f.error))
-                if f.attempt is not None:
-                    attempts[f.offset] = f.attempt
-        out.append(Result(r.topic, r.qid, acks, fails, attempts or None))
-    return out
-
-
 async def _produce(
     state: Any,
     params: dict[str, str],
@@ -272,8 +247,8 @@ async def _produce(
             f"{limits.max_messages_per_call}"
         )
     broker: Broker = state.broker
-    items, delays = new_messages(body.messages, limits, raw)
-    stored = await broker.produce(params["topic"], items, delays)
+    messages, delays = new_messages(body.messages, limits, raw)
+    stored = await broker.produce(params["topic"], messages, delays)
     return wire.produce_answer(stored)
 
 
@@ -293,7 +268,7 @@ async def _pull(
         body.max_messages,
         body.wait_ms,
         body.topics,
-        results(body.results),
+        items.results(body.results),
         body.max_per_key,
         gone=watch_gone,
     )
@@ -311,7 +286,7 @@ async def _ack(
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])
     broker: Broker = state.broker
-    return orjson.dumps(wire.outcome(broker.ack(params["group"], results(body.results))))
+    return orjson.dumps(wire.outcome(broker.ack(params["group"], items.results(body.results))))
 
 
 class LeanRoute(Route):

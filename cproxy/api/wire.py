@@ -22,10 +22,11 @@ from cproxy.broker import (
     Outcome,
     PullResult,
     PushStats,
-    deliveries,
     message_json,
 )
 from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, TopicInfo
+
+from . import items
 
 _encode = msgspec.json.Encoder().encode
 
@@ -93,10 +94,10 @@ def outcome(o: Outcome) -> dict[str, Any]:
 def pull_answer(r: PullResult, runs: bool = False) -> bytes:
     """``{"messages": [delivery_json(d, runs), ...], "results": outcome}`` as bytes; with
     ``runs`` (``max_per_key`` > 1) each message names its run's first position. The messages
-    are encoded from ``Struct``s (``deliveries``): the same JSON, cheaper per message."""
+    are encoded from ``Struct``s (``items.delivered``): the same JSON, cheaper per message."""
     return _encode(
         {
-            "messages": deliveries(r.deliveries, runs),
+            "messages": items.delivered(r.deliveries, runs),
             "results": outcome(Outcome(r.applied, r.unknown)),
         }
     )

@@ -10,7 +10,7 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
 from .broker import Broker
-from .message_json import deliveries, delivery_json, message_json
+from .message_json import Delivered, delivery_json, message_json
 from .push import PushStats
 from .runner import PullResult
 from .topics import SeekTarget
@@ -20,6 +20,7 @@ from .waiters import WatchGone, watch_with_task
 __all__ = [
     "BlockedKey",
     "Broker",
+    "Delivered",
     "Delivery",
     "GroupConfig",
     "GroupStats",
@@ -31,7 +32,6 @@ __all__ = [
     "Result",
     "SeekTarget",
     "WatchGone",
-    "deliveries",
     "delivery_json",
     "message_json",
     "watch_with_task",

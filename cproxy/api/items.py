@@ -1,0 +1,76 @@
+"""The per-item loops of the hot calls, compiled with mypyc (``cproxy._native``).
+
+Each produce answer, pull answer and acked pull walks one item per message. Interpreted,
+those loops cost more than the msgspec calls they feed: every ``m.field`` is a dict-backed
+attribute lookup, every item an interpreted iteration. Compiled, reading a field of a native
+``Message`` is a C struct access. The msgspec ``Struct``s they build are defined in modules
+mypyc leaves alone (``bodies``, ``cproxy.broker.message_json``): compiled classes lose their
+``Struct`` options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Final, cast
+
+import msgspec
+
+from cproxy.broker import Delivered, Delivery, Result
+
+from .bodies import AckItem, FailItem, QueueResults
+
+_RAW_NULL: Final = msgspec.Raw(b"null")
+
+
+def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
+    """The messages of a pull answer (``message_json.delivery_json`` as ``Struct``s): the
+    group's transform of the body when it has one; ``run`` only with ``runs``."""
+    raw = msgspec.Raw
+    out: list[Delivered] = []
+    for m, attempt, run, body in items:  # unpacked: a tuple read, not a named lookup
+        headers = m.headers_json
+        out.append(
+            Delivered(
+                m.topic,
+                m.qid,
+                m.offset,
+                m.key,
+                raw(m.body_json if body is None else body),
+                raw(headers) if headers else _RAW_NULL,
+                attempt,
+                m.produced_at_ms,
+                run if runs else None,
+            )
+        )
+    return out
+
+
+def results(items: Sequence[QueueResults]) -> list[Result]:
+    """Acks and fails as the broker takes them; ``{"offset", "attempt"}`` items fence."""
+    out: list[Result] = []
+    for r in items:
+        attempts: dict[int, int] = {}
+        acks = r.acks
+        # Plain offsets, the common case, are taken as decoded, without a copy.
+        if not _plain(acks):
+            acks = [a if isinstance(a, int) else _fenced(a, attempts) for a in acks]
+        fails: list[tuple[int, str | None]] = []
+        for f in r.fails:
+            if isinstance(f, int):
+                fails.append((f, None))
+            else:
+                fails.append((_fenced(f, attempts), f.error))
+        out.append(Result(r.topic, r.qid, cast(list[int], acks), fails, attempts or None))
+    return out
+
+
+def _plain(offsets: Sequence[object]) -> bool:
+    """Whether every item is a plain offset (no fenced ``AckItem``)."""
+    return all(isinstance(a, int) for a in offsets)  # mypyc compiles this to a loop
+
+
+def _fenced(item: AckItem | FailItem, attempts: dict[int, int]) -> int:
+    """``item``'s offset, its attempt (when it names one) recorded in ``attempts``."""
+    if item.attempt is not None:
+        attempts[item.offset] = item.attempt
+    return item.offset
