@@ -23,6 +23,7 @@ from typing import Final
 from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.deadlines import earliest
+from cproxy.engine.orderkey import by_key
 from cproxy.engine.readback import ReadBack
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
 from cproxy.engine.work import Entry, State, Tally
@@ -324,7 +325,10 @@ class Reader(ReadBack):
         window = cur.delays
         tally = self._tally
         extract = self._extractors[cur.topic]
-        admit = self._seq.admit
+        keyed = extract is by_key  # read the key here: cheaper than a call per message
+        # The sequencer's method is called on it, not hoisted as a bound method: compiled,
+        # a native method is a direct C call, a bound method object a Python call.
+        seq = self._seq
         screen = None if self._screen is _hold else self._screen
         legacy = cur.legacy
         fetch_offset = cur.fetch_offset
@@ -334,7 +338,7 @@ class Reader(ReadBack):
                 fetch_offset = offset + 1
                 continue  # finished before a restart
             due = message.deliver_at_ms
-            value = extract(message)
+            value = message.key if keyed else extract(message)
             if due is not None and value is None and window.releases(due):
                 window.release(offset, due)  # far off: found again by a rescan
                 fetch_offset = offset + 1
@@ -344,9 +348,9 @@ class Reader(ReadBack):
                 # planned with: stop here and read the rest later.
                 break
             if screen is None:
-                admit(Entry(message), value)
+                seq.admit(Entry(message), value)
             elif (entry := screen(message, True)) is not None:
-                admit(entry, value)
+                seq.admit(entry, value)
             fetch_offset = offset + 1
         cur.fetch_offset = fetch_offset
         cur.end_offset = max(cur.end_offset, fetch_offset)
