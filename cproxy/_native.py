@@ -70,6 +70,7 @@ MODULES = (
     "cproxy.store._records",
     "cproxy.api.items",
     "cproxy.api.produced",
+    "cproxy.broker.delays",
     "cproxy.broker.topics",
     "cproxy.placement",
 )

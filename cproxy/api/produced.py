@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Final
 
+import msgspec
 import orjson
 
 from cproxy.config import Limits
@@ -31,22 +32,32 @@ from cproxy.model import NewMessage
 from .bodies import OutMessage
 from .errors import BadBody
 
+_astuple: Final = msgspec.structs.astuple
+#: ``OutMessage``'s fields in declaration order, as ``new_messages`` unpacks them.
+_FIELDS: Final = ("key", "body", "headers", "id", "qid", "delay_ms", "deliver_at_ms")
+if tuple(f.name for f in msgspec.structs.fields(OutMessage)) != _FIELDS:
+    # Loud at import: unpacking by position would silently swap fields.
+    raise RuntimeError(f"api.produced._FIELDS {_FIELDS} must list OutMessage's fields in order")
+
 #: Bodies shorter than this cannot nest deeper than orjson encodes (254 levels).
 _SHALLOW_BYTES: Final = 250
 
 
 def _shape(c: int) -> int:
-    """Byte ``c`` as ``_SHAPES`` maps it: an ASCII digit to "0", "e"/"E" to "e", "-" kept,
-    anything else to " "."""
+    """Byte ``c`` as ``_SHAPES`` maps it: an ASCII digit to "0", "e"/"E" to "e", "[" and "{"
+    to "[", "-" kept, anything else to " "."""
     if 0x30 <= c <= 0x39:
         return ord("0")
     if c in b"eE":
         return ord("e")
+    if c in b"[{":
+        return ord("[")
     return c if c == ord("-") else ord(" ")
 
 
 #: Every byte as ``_shape`` maps it, so that the risky spellings are found with three
-#: substring searches; "+" is deleted, so "e+400" reads as "e400".
+#: substring searches, and the opening brackets counted with one; "+" is deleted, so "e+400"
+#: reads as "e400".
 _SHAPES: Final = bytes(_shape(c) for c in range(256))
 #: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats; a
 #: 19-digit positive one (at most 10**19 - 1) it reads exactly, as nanosecond timestamps are.
@@ -55,17 +66,24 @@ _LONG_NEGATIVE: Final = b"-" + b"0" * 19
 _LONG_EXPONENT: Final = b"e000"
 
 
-def plain(raw: bytes) -> bool:
-    """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
-    (nesting aside): ASCII, no 20-digit run, no "-" and 19 digits, no 3-digit exponent."""
-    if not raw.isascii():
-        return False
-    shapes = raw.translate(_SHAPES, b"+")
+def _shapes(raw: bytes) -> bytes | None:
+    """``raw`` as ``_SHAPES`` maps it; None when it is not ASCII (so not plain)."""
+    return raw.translate(_SHAPES, b"+") if raw.isascii() else None
+
+
+def _no_risky_number(shapes: bytes) -> bool:
     return (
         _LONG_INTEGER not in shapes
         and _LONG_NEGATIVE not in shapes
         and _LONG_EXPONENT not in shapes
     )
+
+
+def plain(raw: bytes) -> bool:
+    """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
+    (nesting aside): ASCII, no 20-digit run, no "-" and 19 digits, no 3-digit exponent."""
+    shapes = _shapes(raw)
+    return shapes is not None and _no_risky_number(shapes)
 
 
 def _shallow(raw: bytes) -> bool:
@@ -97,23 +115,32 @@ def new_messages(
     ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over ``max_message_bytes``
     (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
     ``delay_ms`` and ``deliver_at_ms``."""
-    plain_request = plain(request)
+    shapes = _shapes(request)
+    plain_request = shapes is not None and _no_risky_number(shapes)
     # The common case, checked once for the whole request: every body is stored as sent, and
     # no message can be over the limit, as none is longer than the request: its body is a
     # part of it, and key, id and headers take at most as many bytes in UTF-8 (headers
-    # re-encoded compactly) as in the JSON text they were sent in.
-    as_sent = plain_request and _shallow(request) and len(request) <= limits.max_message_bytes
+    # re-encoded compactly) as in the JSON text they were sent in. (``_shallow`` of the
+    # request, counted once over its shapes: "[" and "{" are both "[" there.)
+    as_sent = (
+        plain_request
+        and shapes is not None
+        and (len(request) < _SHALLOW_BYTES or shapes.count(b"[") < _SHALLOW_BYTES)
+        and len(request) <= limits.max_message_bytes
+    )
     items = []
     delays: list[int | None] | None = None
     for i, m in enumerate(messages):
-        headers_json = orjson.dumps(m.headers) if m.headers else None
+        # One C call for all fields: compiled, each ``m.field`` is a generic attribute lookup.
+        key, body, headers, id_, qid, delay_ms, deliver_at_ms = _astuple(m)
+        headers_json = orjson.dumps(headers) if headers else None
         if as_sent:
-            body_json = bytes(m.body)
+            body_json = bytes(body)
         else:
-            body_json = stored_body(bytes(m.body), i, plain_request)
+            body_json = stored_body(bytes(body), i, plain_request)
             _check_size(i, m, body_json, headers_json, limits.max_message_bytes)
-        items.append(NewMessage(m.key, body_json, headers_json, m.id, m.qid, m.deliver_at_ms))
-        if m.delay_ms is not None:
+        items.append(NewMessage(key, body_json, headers_json, id_, qid, deliver_at_ms))
+        if delay_ms is not None:
             delays = _delay(delays, i, m, len(messages))
     return items, delays
 

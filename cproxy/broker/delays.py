@@ -1,4 +1,6 @@
-"""Produce-time delays: ``delay_ms`` becomes ``deliver_at_ms`` on the broker's clock."""
+"""Produce-time delays: ``delay_ms`` becomes ``deliver_at_ms`` on the broker's clock.
+
+Compiled (``cproxy._native``): ``check_delays`` walks every produced message."""
 
 from __future__ import annotations
 
