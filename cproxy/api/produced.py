@@ -12,9 +12,10 @@ big integers become floats, ``1e400`` and invalid UTF-8 are refused (400) and de
 than orjson encodes is a 422. (Spacing, escapes and number spellings such as ``1.50`` are
 kept as sent: they mean the same JSON value.)
 
-The checks run once over the whole request (``plain``): a few C-level scans. Only when the
-request as a whole fails them (a key or a string that merely looks like a risky number also
-does) is each body checked on its own.
+The number checks run once over the whole request (``plain``): a few C-level scans. Only when
+the request as a whole fails them (a key or a string that merely looks like a risky number
+also does) is each body checked on its own. Nesting is checked per body, and only for bodies
+long enough to nest that deep (most are not).
 """
 
 from __future__ import annotations
@@ -44,20 +45,17 @@ _SHALLOW_BYTES: Final = 250
 
 
 def _shape(c: int) -> int:
-    """Byte ``c`` as ``_SHAPES`` maps it: an ASCII digit to "0", "e"/"E" to "e", "[" and "{"
-    to "[", "-" kept, anything else to " "."""
+    """Byte ``c`` as ``_SHAPES`` maps it: an ASCII digit to "0", "e"/"E" to "e", "-" kept,
+    anything else to " "."""
     if 0x30 <= c <= 0x39:
         return ord("0")
     if c in b"eE":
         return ord("e")
-    if c in b"[{":
-        return ord("[")
     return c if c == ord("-") else ord(" ")
 
 
 #: Every byte as ``_shape`` maps it, so that the risky spellings are found with three
-#: substring searches, and the opening brackets counted with one; "+" is deleted, so "e+400"
-#: reads as "e400".
+#: substring searches; "+" is deleted, so "e+400" reads as "e400".
 _SHAPES: Final = bytes(_shape(c) for c in range(256))
 #: orjson reads integers below -2**63 (19 digits) or above 2**64 - 1 (20) as floats; a
 #: 19-digit positive one (at most 10**19 - 1) it reads exactly, as nanosecond timestamps are.
@@ -66,24 +64,20 @@ _LONG_NEGATIVE: Final = b"-" + b"0" * 19
 _LONG_EXPONENT: Final = b"e000"
 
 
-def _shapes(raw: bytes) -> bytes | None:
-    """``raw`` as ``_SHAPES`` maps it; None when it is not ASCII (so not plain)."""
-    return raw.translate(_SHAPES, b"+") if raw.isascii() else None
-
-
-def _no_risky_number(shapes: bytes) -> bool:
-    return (
-        _LONG_INTEGER not in shapes
-        and _LONG_NEGATIVE not in shapes
-        and _LONG_EXPONENT not in shapes
-    )
-
-
 def plain(raw: bytes) -> bool:
     """Whether no JSON value inside ``raw`` can read differently once parsed by orjson
     (nesting aside): ASCII, no 20-digit run, no "-" and 19 digits, no 3-digit exponent."""
-    shapes = _shapes(raw)
-    return shapes is not None and _no_risky_number(shapes)
+    if not raw.isascii():
+        return False
+    shapes = raw.translate(_SHAPES, b"+")
+    # ``rfind``, not ``in``: the same answer, 2-3x faster here. Searching backwards compares
+    # a needle's first byte first ("e", "-": rare in shapes), forwards its last ("0":
+    # frequent wherever there are numbers, and a near miss there allows only a 1-byte skip).
+    return (
+        shapes.rfind(_LONG_INTEGER) < 0
+        and shapes.rfind(_LONG_NEGATIVE) < 0
+        and shapes.rfind(_LONG_EXPONENT) < 0
+    )
 
 
 def _shallow(raw: bytes) -> bool:
@@ -115,29 +109,22 @@ def new_messages(
     ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over ``max_message_bytes``
     (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
     ``delay_ms`` and ``deliver_at_ms``."""
-    shapes = _shapes(request)
-    plain_request = shapes is not None and _no_risky_number(shapes)
-    # The common case, checked once for the whole request: every body is stored as sent, and
-    # no message can be over the limit, as none is longer than the request: its body is a
-    # part of it, and key, id and headers take at most as many bytes in UTF-8 (headers
-    # re-encoded compactly) as in the JSON text they were sent in. (``_shallow`` of the
-    # request, counted once over its shapes: "[" and "{" are both "[" there.)
-    as_sent = (
-        plain_request
-        and shapes is not None
-        and (len(request) < _SHALLOW_BYTES or shapes.count(b"[") < _SHALLOW_BYTES)
-        and len(request) <= limits.max_message_bytes
-    )
+    plain_request = plain(request)
+    # The common case, checked once for the whole request: every body is stored as sent
+    # unless it is long enough to nest too deep (``_shallow``, per body: most are too short
+    # to need a count), and no message can be over the limit, as none is longer than the
+    # request: its body is a part of it, and key, id and headers take at most as many bytes
+    # in UTF-8 (headers re-encoded compactly) as in the JSON text they were sent in.
+    as_sent = plain_request and len(request) <= limits.max_message_bytes
     items = []
     delays: list[int | None] | None = None
     for i, m in enumerate(messages):
         # One C call for all fields: compiled, each ``m.field`` is a generic attribute lookup.
         key, body, headers, id_, qid, delay_ms, deliver_at_ms = _astuple(m)
         headers_json = orjson.dumps(headers) if headers else None
-        if as_sent:
-            body_json = bytes(body)
-        else:
-            body_json = stored_body(bytes(body), i, plain_request)
+        body_json = bytes(body)
+        if not (as_sent and _shallow(body_json)):
+            body_json = stored_body(body_json, i, plain_request)
             _check_size(i, m, body_json, headers_json, limits.max_message_bytes)
         items.append(NewMessage(key, body_json, headers_json, id_, qid, deliver_at_ms))
         if delay_ms is not None:
