@@ -8,17 +8,25 @@ Each side is a child process of this script (the compiled modules are chosen onc
 process, at import: ``CPROXY_PURE_PYTHON=1`` for the source side); rounds alternate the order
 of the sides; medians of ``time.process_time`` µs per delivered message, and the ratio.
 
+``--ab REF`` compares this tree's compiled engine (A) with REF's (B, a worktree compiled in
+place), both driven by this file's ``run_engine``: the B child loads this file by path with
+REF's tree first on ``PYTHONPATH``.
+
     python -m benchmarks.engine_loop --quick
     python -m benchmarks.engine_loop --messages 400000 --rounds 7 --json engine.json
+    python -m benchmarks.engine_loop --ab df7cdf8 --rounds 7
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -31,6 +39,7 @@ from benchmarks.harness.report import (
     median,
     progress,
 )
+from benchmarks.harness.server import tree_at
 from cproxy._native import PURE_ENV
 from cproxy.cli.serve import tune_gc
 
@@ -95,19 +104,31 @@ def run_engine(messages: int, batch: int, keys: int) -> dict[str, Any]:
     }
 
 
-def _child(pure: bool, *sizes: int) -> dict[str, Any]:
-    """``run_engine(*sizes)`` in a child process, compiled or (``pure``) from source."""
+#: The B side of ``--ab``: this file's ``run_engine`` over the engine of the tree first on
+#: ``PYTHONPATH`` (argv: this file, then the three sizes).
+_CHILD_OF_TREE = """
+import importlib.util, sys
+import orjson
+spec = importlib.util.spec_from_file_location("_engine_loop", sys.argv[1])
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
+m.tune_gc()
+print(orjson.dumps(m.run_engine(*map(int, sys.argv[2:]))).decode())
+"""
+
+
+def _child(pure: bool, *sizes: int, tree: Path | None = None) -> dict[str, Any]:
+    """``run_engine(*sizes)`` in a child process: compiled, from source (``pure``), or over
+    the compiled engine of ``tree``."""
     env = {k: v for k, v in os.environ.items() if k != PURE_ENV}
     if pure:
         env[PURE_ENV] = "1"
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.engine_loop", "--child", *map(str, sizes)],
-        env=env,
-        capture_output=True,
-        check=True,
-        timeout=600,
-    )
-    result: dict[str, Any] = orjson.loads(out.stdout)
+    command = [sys.executable, "-m", "benchmarks.engine_loop", "--child", *map(str, sizes)]
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+        command = [sys.executable, "-c", _CHILD_OF_TREE, __file__, *map(str, sizes)]
+    out = subprocess.run(command, env=env, cwd=tree, capture_output=True, check=True, timeout=600)
+    result: dict[str, Any] = orjson.loads(out.stdout.strip().splitlines()[-1])
     return result
 
 
@@ -117,6 +138,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, help="measurements per side (5)")
     parser.add_argument("--batch", type=int, default=100, help="offer and pull size (100)")
     parser.add_argument("--keys", type=int, default=10_000, help="distinct keys (10,000)")
+    parser.add_argument("--ab", metavar="REF", help="this tree's engine (A) against REF's (B)")
     # Internal: run one measurement in this process and print it as JSON.
     parser.add_argument("--child", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -126,25 +148,36 @@ def main() -> None:
         return
     messages = args.messages or (100_000 if args.quick else 400_000)
     rounds = args.rounds or (3 if args.quick else 5)
-    runs: dict[str, list[dict[str, Any]]] = {"compiled": [], "source": []}
-    for r in range(rounds):
-        order = ["compiled", "source"] if r % 2 == 0 else ["source", "compiled"]
-        for side in order:
-            run = _child(side == "source", messages, args.batch, args.keys)
-            runs[side].append(run)
-            progress(f"round {r + 1} {side:8s} {run['us_per_msg']:.2f} µs/msg ({run['hot_path']})")
+    with contextlib.ExitStack() as stack:
+        if args.ab:
+            ref = stack.enter_context(tree_at(args.ab))
+            sides = {"A": _side(False), "B": _side(False, ref.tree)}
+            names = {"A": "A (this tree)", "B": f"B ({ref.commit})"}
+        else:
+            sides = {"compiled": _side(False), "source": _side(True)}
+            names = {"compiled": "compiled", "source": "source"}
+        runs: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+        for r in range(rounds):
+            order = list(sides) if r % 2 == 0 else list(reversed(sides))
+            for side in order:
+                run = sides[side](messages, args.batch, args.keys)
+                runs[side].append(run)
+                progress(
+                    f"round {r + 1} {side:8s} {run['us_per_msg']:.2f} µs/msg ({run['hot_path']})"
+                )
     us = {side: median([run["us_per_msg"] for run in rs]) for side, rs in runs.items()}
     statuses = {side: rs[0]["hot_path"] for side, rs in runs.items()}
     rows = [
         [
-            side,
+            names[side],
             statuses[side],
             f"{us[side]:.2f}",
             f"{min(r['us_per_msg'] for r in runs[side]):.2f}-"
             f"{max(r['us_per_msg'] for r in runs[side]):.2f}",
         ]
-        for side in ("compiled", "source")
+        for side in sides
     ]
+    first, second = sides
     text = "\n".join(
         [
             f"## Engine loop ({messages:,} messages, batch {args.batch}, {args.keys:,} keys, "
@@ -152,11 +185,15 @@ def main() -> None:
             "",
             markdown_table(["side", "hot path", "µs CPU per message", "range"], rows),
             "",
-            f"compiled / source CPU per message: **{us['compiled'] / us['source']:.2f}**",
+            f"{first} / {second} CPU per message: **{us[first] / us[second]:.2f}**",
         ]
     )
     out = {"machine": machine_facts(), "us_per_msg": us, "runs": runs, "statuses": statuses}
     finish(out, args, "engine_loop", text)
+
+
+def _side(pure: bool, tree: Path | None = None) -> Callable[[int, int, int], dict[str, Any]]:
+    return lambda *sizes: _child(pure, *sizes, tree=tree)
 
 
 if __name__ == "__main__":
