@@ -121,36 +121,32 @@ class _TopicTally:
         #: committed already): the committed offset is never above the lowest of them.
         self.offsets: dict[int, set[int]] = {}
 
-    def add(self, state: State, delta: int) -> None:
-        """Count ``delta`` more entries in ``state`` (``OUT`` is not counted)."""
+    def add(self, state: State, delta: int) -> int:
+        """Count ``delta`` more entries in ``state``; the count after (``OUT`` is not
+        counted: 0)."""
         if state is _READY:
             self.ready += delta
-        elif state is _IN_FLIGHT:
+            return self.ready
+        if state is _IN_FLIGHT:
             self.in_flight += delta
-        elif state is _WAITING:
+            return self.in_flight
+        if state is _WAITING:
             self.waiting += delta
-        elif state is _RETRYING:
+            return self.waiting
+        if state is _RETRYING:
             self.retrying += delta
-        elif state is _DELAYED:
+            return self.retrying
+        if state is _DELAYED:
             self.delayed += delta
-        elif state is _EXHAUSTED:
+            return self.delayed
+        if state is _EXHAUSTED:
             self.exhausted += delta
+            return self.exhausted
+        return 0
 
     def get(self, state: State) -> int:
         """Entries in ``state`` (0 for ``OUT``: not held is not counted)."""
-        if state is _READY:
-            return self.ready
-        if state is _IN_FLIGHT:
-            return self.in_flight
-        if state is _WAITING:
-            return self.waiting
-        if state is _RETRYING:
-            return self.retrying
-        if state is _DELAYED:
-            return self.delayed
-        if state is _EXHAUSTED:
-            return self.exhausted
-        return 0
+        return self.add(state, 0)
 
     def held(self, qid: int) -> set[int]:
         offsets = self.offsets.get(qid)
