@@ -4,6 +4,7 @@ import random
 
 import pytest
 
+from cproxy import placement
 from cproxy.placement import RoundRobin, key_hash, murmur2, queue_for_key
 
 # org.apache.kafka.common.utils.UtilsTest#testMurmur2, plus the empty input.
@@ -95,3 +96,12 @@ def test_round_robin_cycles_per_topic() -> None:
 def test_key_hash_is_murmur2_of_the_utf8_key_made_positive() -> None:
     for key in ["", "a", "user-42", "caf\u00e9", "\U0001f600" * 3, "x" * 1000]:
         assert key_hash(key) == murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+
+
+def test_key_hash_caches_only_interpreted_and_stays_bounded() -> None:
+    keys = [f"user-{i}" for i in range(placement._CACHED_KEYS + 5000)]
+    for key in keys + keys[:100]:
+        assert key_hash(key) == murmur2(key.encode("utf-8")) & 0x7FFFFFFF
+    assert len(placement._KEY_HASHES) <= placement._CACHED_KEYS
+    # Compiled, hashing is cheaper than the cache: nothing is kept.
+    assert (len(placement._KEY_HASHES) > 0) == placement._INTERPRETED

@@ -1,11 +1,13 @@
 """The per-item loops of the hot calls, compiled with mypyc (``cproxy._native``).
 
-Each produce answer, pull answer and acked pull walks one item per message. Interpreted,
-those loops cost more than the msgspec calls they feed: every ``m.field`` is a dict-backed
-attribute lookup, every item an interpreted iteration. Compiled, reading a field of a native
-``Message`` is a C struct access. The msgspec ``Struct``s they build are defined in modules
-mypyc leaves alone (``bodies``, ``cproxy.broker.message_json``): compiled classes lose their
-``Struct`` options.
+A pull answer walks one item per delivered message, and a pull or ack with results one per
+acked message. Interpreted, those loops cost more than the msgspec calls they feed: every
+item is an interpreted iteration and every ``m.field`` an attribute lookup. Compiled, reading
+a field of a native ``Message`` is a C struct access. (The produce answer's loop stays in
+``wire.py``: it reads ``AppendResult``, a ``Struct``, whose fields compiled code reads with
+generic lookups, slower than the interpreter's.) The msgspec ``Struct``s they build are
+defined in modules mypyc leaves alone (``bodies``, ``cproxy.broker.message_json``): compiled
+classes lose their ``Struct`` options.
 """
 
 from __future__ import annotations
