@@ -12,6 +12,8 @@ from typing import Final
 
 from mypy_extensions import i64
 
+from cproxy import _native
+
 __all__ = ["RoundRobin", "key_hash", "murmur2", "queue_for_key"]
 
 _SEED: Final = 0x9747B28C
@@ -51,9 +53,9 @@ def murmur2(data: bytes) -> int:
     return int(h - (1 << 32) if h & 0x80000000 else h)
 
 
-#: Whether this module runs interpreted (no C compiler at install, or ``CPROXY_PURE_PYTHON``
-#: set; ``cproxy._native``): compiled, a function is a builtin, not a Python ``function``.
-_INTERPRETED: Final = type(murmur2).__name__ == "function"
+#: Whether the hot path runs interpreted in this process (no C compiler at install, or
+#: ``CPROXY_PURE_PYTHON`` set): ``cproxy._native`` decides it once, for all of its modules.
+_INTERPRETED: Final = _native.status() != "compiled"
 #: ``key_hash`` of recent keys, interpreted only; emptied when it reaches ``_CACHED_KEYS``.
 _KEY_HASHES: Final[dict[str, int]] = {}
 _CACHED_KEYS: Final = 65536
