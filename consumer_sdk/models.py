@@ -14,9 +14,13 @@ MessageRef = tuple[str, int, int]
 class Message:
     """One delivery of a message to a consumer group.
 
-    ``body`` is the decoded JSON value the producer sent; ``attempt`` counts deliveries of this
-    message to the group, starting at 1 (a value above 1 means an earlier delivery failed or
-    timed out). ``produced_at_ms`` is the server's clock at produce time, in Unix milliseconds.
+    ``body`` is the decoded JSON value the producer sent. ``attempt`` is this delivery's
+    number, the token a fenced result names: 1 for the first delivery of a fresh message, and
+    every later hand-out of the message gets a higher one (also one that was not charged,
+    e.g. the tail of a failed same-key run sent back, and after a restart of the server).
+    ``charged_attempts`` counts the earlier deliveries that failed or timed out, what the
+    group's ``max_attempts`` counts (0 on a first try). ``produced_at_ms`` is the server's
+    clock at produce time, in Unix milliseconds.
     ``server`` is the base URL the message was pulled from: its ack goes back there.
     """
 
@@ -32,6 +36,7 @@ class Message:
     #: With ``max_per_key`` > 1: the position, in its pull answer, of the first message of the
     #: same-key run this message belongs to (messages of one run are handled in order).
     run: int | None = None
+    charged_attempts: int = 0
 
     @property
     def ref(self) -> MessageRef:
@@ -48,6 +53,7 @@ class Message:
             "body": self.body,
             "headers": dict(self.headers),
             "attempt": self.attempt,
+            "charged_attempts": self.charged_attempts,
             "produced_at_ms": self.produced_at_ms,
         }
 
@@ -55,7 +61,7 @@ class Message:
 _new = object.__new__
 # Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
 # object.__setattr__ calls cost several microseconds per message on the pull path.
-(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server, _run) = (
+(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server, _run, _charged) = (
     Message.__dict__[name].__set__ for name in Message.__dataclass_fields__
 )
 
@@ -73,6 +79,7 @@ def message_from_wire(m: Mapping[str, Any], server: str) -> Message:
     _produced(msg, m.get("produced_at_ms", 0))
     _server(msg, server)
     _run(msg, m.get("run"))
+    _charged(msg, m.get("charged_attempts", 0))
     return msg
 
 

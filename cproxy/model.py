@@ -93,6 +93,10 @@ class QueueProgress:
       finished behind a stuck key;
     - the range form (``read_to`` None): ``finished`` lists half-open ranges ``[start, end)``
       above ``committed`` that are finished (sorted, disjoint). Older versions wrote it.
+
+    ``attempt_ceiling`` bounds the delivery numbers (``attempt``) the group may have handed
+    out: after a restart or a change of owner, deliveries are numbered above it
+    (``cproxy.engine.work.ATTEMPT_RESERVE``). Kept in the compact form's JSON; 0 when absent.
     """
 
     committed: int
@@ -104,6 +108,7 @@ class QueueProgress:
     #: segments; in each, the unordered messages due after ``horizon_ms`` are unread
     #: (``cproxy.engine.delays``). Compact form only.
     delayed: tuple[tuple[int, int, int], ...] = ()
+    attempt_ceiling: int = 0
 
     def detail_json(self) -> bytes:
         """Everything but ``committed``, as stores keep it in one JSON column."""
@@ -116,6 +121,8 @@ class QueueProgress:
         }
         if self.delayed:  # absent unless used: older versions read the same JSON
             detail["delayed"] = self.delayed
+        if self.attempt_ceiling:
+            detail["attempt_ceiling"] = self.attempt_ceiling
         return orjson.dumps(detail)
 
     @classmethod
@@ -130,6 +137,7 @@ class QueueProgress:
             open=tuple((int(s), int(e)) for s, e in data["open"]),
             parked=tuple((str(v), int(o)) for v, o in data["parked"]),
             delayed=tuple((int(s), int(e), int(h)) for s, e, h in data.get("delayed", ())),
+            attempt_ceiling=int(data.get("attempt_ceiling", 0)),
         )
 
 

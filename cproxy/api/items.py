@@ -29,7 +29,7 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
     group's transform of the body when it has one; ``run`` only with ``runs``."""
     raw = msgspec.Raw
     out: list[Delivered] = []
-    for m, attempt, run, body in items:  # unpacked: a tuple read, not a named lookup
+    for m, attempt, run, body, charged in items:  # unpacked: a tuple read, not a lookup
         headers = m.headers_json
         out.append(
             Delivered(
@@ -40,6 +40,7 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
                 raw(m.body_json if body is None else body),
                 raw(headers) if headers else _RAW_NULL,
                 attempt,
+                charged,
                 m.produced_at_ms,
                 run if runs else None,
             )

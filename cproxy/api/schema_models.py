@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Out(BaseModel):
@@ -76,7 +76,15 @@ class Message(_Out):
     key: str | None
     body: Any
     headers: dict[str, str] | None
-    attempt: int
+    attempt: int = Field(
+        description="The delivery number, which a fenced result names: 1 for a fresh "
+        "message's first delivery; every later hand-out of the message gets a higher one "
+        "(charged or not, across restarts and changes of owner)."
+    )
+    charged_attempts: int = Field(
+        description="Charged deliveries before this one (fails and ack timeouts): what "
+        "max_attempts counts."
+    )
     produced_at_ms: int
     #: With ``max_per_key`` > 1: the position of the first message of this one's run.
     run: int | None = None
@@ -195,7 +203,7 @@ class DeadLetterOut(_Out):
     body: Any
     headers: dict[str, str] | None
     produced_at_ms: int
-    attempts: int
+    attempts: int = Field(description="Charged deliveries (fails and ack timeouts).")
     last_error: str | None
     dead_lettered_at_ms: int
 
@@ -215,7 +223,10 @@ class BlockedKeyOut(_Out):
     offset: int
     head_offset: int
     state: Literal["in_flight", "retrying", "exhausted"]
-    attempts: int
+    attempts: int = Field(
+        description="The head's charged deliveries (fails and ack timeouts) since its last "
+        "fresh budget: what max_attempts counts."
+    )
     last_error: str | None
     blocked_since_ms: int
     waiting: int

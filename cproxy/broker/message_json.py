@@ -37,12 +37,14 @@ def message_json(m: Message) -> dict[str, Any]:
 
 
 def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
-    """A delivered message plus ``attempt`` and ``produced_at_ms``; with ``runs`` also
+    """A delivered message plus ``attempt`` (the delivery number), ``charged_attempts`` (the
+    charged deliveries before it) and ``produced_at_ms``; with ``runs`` also
     ``run`` (the position of its same-key run's first message in the same answer)."""
     out = message_json(d.message)
     if d.body_json is not None:
         out["body"] = orjson.Fragment(d.body_json)  # the group's transform of the body
     out["attempt"] = d.attempt
+    out["charged_attempts"] = d.charged
     out["produced_at_ms"] = d.message.produced_at_ms
     if runs:
         out["run"] = d.run
@@ -62,5 +64,6 @@ class Delivered(msgspec.Struct, gc=False, omit_defaults=True):
     body: msgspec.Raw
     headers: msgspec.Raw
     attempt: int
+    charged_attempts: int
     produced_at_ms: int
     run: int | None = None

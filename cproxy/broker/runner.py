@@ -97,7 +97,6 @@ class GroupRunner(QueueHooks, OperatorCalls):
         stored = await store.load_progress(name)
         progress: dict[QueueRef, QueueProgress] = {}
         ends: dict[QueueRef, int] = {}
-        fresh: dict[QueueRef, QueueProgress] = {}
         for topic in config.topics:
             for stats in await store.queue_stats(topic):
                 ref = (topic, stats.qid)
@@ -108,10 +107,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
                     progress[ref] = stored[ref]
                 else:
                     start = stats.min_offset if config.start == "earliest" else stats.next_offset
-                    progress[ref] = fresh[ref] = QueueProgress(start)
-        if fresh:
-            # Persist start offsets now so "latest" means the moment the group was created.
-            await store.commit(name, fresh)
+                    progress[ref] = QueueProgress(start)
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms)
         runner.cluster = queues is not None
@@ -119,6 +115,11 @@ class GroupRunner(QueueHooks, OperatorCalls):
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)
             redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]
         engine.redrive(redriving)
+        # Before anything is handed out: persist start offsets (so "latest" means the moment
+        # the group was created) and the delivery numbers this load reserves (so a late
+        # result from before a restart never matches a delivery after it).
+        batch = engine.take_commit()
+        await store.commit(name, batch.progress, batch.dead_letters, batch.redrive_done)
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
         logger.info(

@@ -25,6 +25,9 @@ class QueueHooks:
     _notify_ready: Callable[[], None]
     reads: Callable[[str], bool]
 
+    async def commit(self) -> None:
+        raise NotImplementedError
+
     @property
     def config(self) -> GroupConfig:
         return self._engine.config
@@ -50,6 +53,9 @@ class QueueHooks:
         self._engine.redrive(
             [d for d in redriving if (d.message.topic, d.message.qid) == (topic, qid)]
         )
+        # The delivery numbers reserved above the former owner's are persisted before the
+        # fetcher reads anything of the queue to hand out.
+        await self.commit()
         self._fetch_kick.set()
 
     def pause_queue(self, topic: str, qid: int) -> None:

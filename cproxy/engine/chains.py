@@ -50,7 +50,17 @@ NO_OFFSETS: Final = _NoOffsets()
 class Chain:
     """The in-memory messages of one (topic, order value). Read-only outside the sequencer."""
 
-    __slots__ = ("head", "parked", "reloading", "run", "topic", "value", "waiting", "wake_ms")
+    __slots__ = (
+        "attempt_floor",
+        "head",
+        "parked",
+        "reloading",
+        "run",
+        "topic",
+        "value",
+        "waiting",
+        "wake_ms",
+    )
 
     def __init__(self, topic: str, value: str) -> None:
         self.topic = topic
@@ -66,6 +76,9 @@ class Chain:
         self.reloading: dict[int, int] = NO_OFFSETS
         #: Set while the chain sleeps (its delayed head released too): when to reload it (ms).
         self.wake_ms: int | None = None
+        #: The highest delivery number of the messages released from memory (parked): what
+        #: they are numbered above when read back.
+        self.attempt_floor = 0
 
     @property
     def is_parked(self) -> bool:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from cproxy.engine.delays import DelayWindow
 from cproxy.engine.offsets import OffsetTracker
+from cproxy.engine.work import Entry
 from cproxy.model import QueueProgress
 
 
@@ -22,6 +23,10 @@ class QueueCursor:
     committed: they are read back whole before anything new of this queue is admitted, so
     order within a chain holds. ``legacy`` answers "finished?" for progress written in the
     older range form.
+
+    Messages below ``reread_until`` may have been handed out before they were read this time
+    (before a restart, by a former owner, before a seek back): their delivery numbers start
+    above ``reread_base``, which is at least every number handed out for them before.
     """
 
     __slots__ = (
@@ -32,6 +37,8 @@ class QueueCursor:
         "legacy",
         "lost",
         "qid",
+        "reread_base",
+        "reread_until",
         "restore",
         "scan",
         "scan_from",
@@ -39,12 +46,22 @@ class QueueCursor:
     )
 
     def __init__(
-        self, topic: str, qid: int, progress: QueueProgress, end_offset: int, sample: int = 1000
+        self,
+        topic: str,
+        qid: int,
+        progress: QueueProgress,
+        end_offset: int,
+        sample: int = 1000,
+        reread_base: int = 0,
     ) -> None:
-        """``sample``: how many released delayed messages a rescan aims to admit."""
+        """``sample``: how many released delayed messages a rescan aims to admit;
+        ``reread_base``: the delivery numbers that may have been handed out before for the
+        messages stored now (below ``end_offset``)."""
         self.topic = topic
         self.qid = qid
         self.end_offset = end_offset
+        self.reread_base = reread_base
+        self.reread_until = end_offset if reread_base else 0
         self.epoch = 0
         #: Messages this group never got because retention deleted them first.
         self.lost = 0
@@ -74,14 +91,24 @@ class QueueCursor:
         """Finished before a restart (only progress in the range form says so)."""
         return self.legacy is not None and self.legacy.is_finished(offset)
 
-    def reset(self, offset: int) -> None:
-        """Restart at ``offset`` (a seek): everything held before is forgotten."""
+    def reset(self, offset: int, reread_base: int) -> None:
+        """Restart at ``offset`` (a seek): everything held before is forgotten; what was
+        read before may have been handed out with numbers up to ``reread_base``."""
+        self.reread_until = max(self.reread_until, self.fetch_offset)
+        self.reread_base = max(self.reread_base, reread_base)
         self.legacy = None
         self.restore = []
         self.scan = {}
         self.delays.reset()
         self.fetch_offset = offset
         self.epoch += 1
+
+    def renumber(self, entry: Entry, floor: int = 0) -> None:
+        """``entry`` was read again: its next delivery number is above every one it may have
+        had before (``reread_base`` below ``reread_until``; ``floor``: its chain's)."""
+        base = self.reread_base if entry.message.offset < self.reread_until else 0
+        base = max(base, floor)
+        entry.attempt = max(entry.attempt, base)
 
     @property
     def catching_up(self) -> bool:

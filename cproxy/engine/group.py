@@ -9,8 +9,11 @@ frozen snapshots (``Delivery``, ``GroupStats``, ``BlockedKey``), never live cont
 
 Delivery semantics (docs/guarantees.md): a message is handed out only when it is the head of
 its chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while
-the chain stays blocked; after ``max_attempts`` deliveries the message is dead-lettered (or,
-with ``on_exhausted = "block"``, holds its chain until an operator skips or releases it).
+the chain stays blocked; after ``max_attempts`` charged deliveries the message is
+dead-lettered (or, with ``on_exhausted = "block"``, holds its chain until an operator skips or
+releases it). Every hand-out gets the next delivery number (``Entry.attempt``, the fencing
+token), charged or not, and numbers keep growing across restarts and changes of owner
+(``ATTEMPT_RESERVE``): a result naming an earlier delivery is unknown.
 A message with a ``deliver_at_ms`` is not handed out before then (the driver's ``now_ms``
 decides); it holds its own chain only (``cproxy.engine.sequencer``, ``cproxy.engine.delays``).
 """
@@ -32,7 +35,7 @@ from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import Delivery, Outcome
-from cproxy.engine.work import Entry, State, Tally
+from cproxy.engine.work import ATTEMPT_RESERVE, Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
 # Final: see cproxy/_native.py.
@@ -61,6 +64,14 @@ class GroupEngine(Operations, QueueSet):
         self.config = config
         topics = list(config.topics)
         self._extract = {t: ob.extract for t, ob in config.topics.items()}
+        # Delivery numbers resume above every one that was reserved before this load (a
+        # restart or a change of owner may follow deliveries whose results are still out).
+        floor = max((p.attempt_ceiling for p in progress.values()), default=0)
+        #: At least every delivery number handed out (or reserved before this load): what a
+        #: message read again starts above.
+        self._max_issued = floor
+        #: The delivery numbers reserved in the store (persisted with progress).
+        self._ceiling = floor + ATTEMPT_RESERVE
         self._tally = Tally(topics)
         self._seq = Sequencer(topics, self._tally)
         self._counters = {topic: Counters() for topic in topics}
@@ -80,6 +91,7 @@ class GroupEngine(Operations, QueueSet):
             self._seq,
             self._tally,
             screen,
+            floor,
         )
         self._in_flight: dict[MessageRef, Entry] = {}
         self._exhausted: dict[MessageRef, Entry] = {}
@@ -192,16 +204,17 @@ class GroupEngine(Operations, QueueSet):
     ) -> None:
         """Hand ``entry`` out (into ``out``); the caller pushes ``sent`` on the timeouts heap."""
         attempt = entry.attempt = entry.attempt + 1
+        self._max_issued = max(self._max_issued, attempt)
         self._tally.move(entry, _IN_FLIGHT)
         entry.deadline_ms = deadline_ms
-        if attempt == 1:
+        if entry.blocked_since_ms < 0:
             entry.blocked_since_ms = now_ms
         sent.append(entry)
         message = entry.message
         self._in_flight[(message.topic, message.qid, message.offset)] = entry
         # ``tuple.__new__`` directly: a named tuple's own ``__new__`` is interpreted Python,
         # ~190 ns more per delivered message even from compiled code.
-        out.append(tuple.__new__(Delivery, (message, attempt, run, entry.body_json)))
+        out.append(tuple.__new__(Delivery, (message, attempt, run, entry.body_json, entry.charged)))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -312,17 +325,18 @@ class GroupEngine(Operations, QueueSet):
 
     def _attempt_failed(self, entry: Entry, error: str, now_ms: int) -> None:
         entry.last_error = error
+        entry.charged += 1
         chain = entry.chain
         if chain is not None and chain.run:
             if entry is not chain.head:
                 # A run member failed before the head finished: it and the rest of the run
-                # go back behind the head; its attempt counts, theirs do not.
+                # go back behind the head; its delivery is charged, theirs are not.
                 later = list(chain.run)[list(chain.run).index(entry) :]
-                self._send_back(chain, later, charged=entry)
+                self._send_back(chain, later)
                 return
             self._send_back(chain, list(chain.run))
-        if entry.attempt < self.config.max_attempts:
-            entry.due_ms = now_ms + self.config.backoff_ms(entry.attempt)
+        if entry.charged < self.config.max_attempts:
+            entry.due_ms = now_ms + self.config.backoff_ms(entry.charged)
             self._tally.move(entry, State.RETRYING)
             self._counters[entry.message.topic].retried += 1
             self._retries.push(entry.due_ms, entry)
@@ -332,13 +346,11 @@ class GroupEngine(Operations, QueueSet):
             self._tally.move(entry, State.EXHAUSTED)
             self._exhausted[entry.message.ref] = entry
 
-    def _send_back(self, chain: Chain, members: list[Entry], charged: Entry | None = None) -> None:
-        """Run members go back to waiting: results for their deliveries become unknown, and
-        being sent back is not charged toward ``max_attempts`` (except for ``charged``)."""
+    def _send_back(self, chain: Chain, members: list[Entry]) -> None:
+        """Run members go back to waiting, uncharged: results for their deliveries become
+        unknown (their next hand-out has a new delivery number)."""
         for member in members:
             self._in_flight.pop(member.message.ref, None)
-            if member is not charged:
-                member.attempt -= 1
         self._seq.send_back(chain, members)
 
     def _filtered(self, topic: str) -> None:
@@ -353,7 +365,7 @@ class GroupEngine(Operations, QueueSet):
     def _dead_letter(self, entry: Entry, now_ms: int) -> None:
         """Finish ``entry`` as dead-lettered (persisted with the next commit)."""
         self._pending.dead_letters.append(
-            DeadLetter(self.name, entry.message, entry.attempt, entry.last_error, now_ms)
+            DeadLetter(self.name, entry.message, entry.charged, entry.last_error, now_ms)
         )
         self._counters[entry.message.topic].dead_lettered += 1
         self._finish(entry)
@@ -380,6 +392,10 @@ class GroupEngine(Operations, QueueSet):
     def take_commit(self) -> CommitBatch:
         """Progress of queues changed since the last call, plus pending dead letters."""
         batch, self._pending = self._pending, CommitBatch()
+        if self._max_issued + ATTEMPT_RESERVE // 2 > self._ceiling:
+            # Reserve more delivery numbers before the reserve runs out: every queue's
+            # progress changes, so this commit persists the new ceiling everywhere.
+            self._ceiling = self._max_issued + ATTEMPT_RESERVE
         for ref, p in self.progress().items():
             if self._persisted.get(ref) != p:
                 batch.progress[ref] = self._persisted[ref] = p
@@ -394,4 +410,4 @@ class GroupEngine(Operations, QueueSet):
 
     def progress(self) -> dict[QueueRef, QueueProgress]:
         """Every queue's progress in its persisted form (see ``cproxy.engine.progress``)."""
-        return snapshot(self._reader.cursors(), self._tally, self._seq.chains())
+        return snapshot(self._reader.cursors(), self._tally, self._seq.chains(), self._ceiling)

@@ -54,6 +54,7 @@ class Operations:
     _exhausted: dict[MessageRef, Entry]
     _retries: DeadlineHeap
     _pending: CommitBatch
+    _max_issued: int
 
     # GroupEngine's own methods. Declared as methods, not as attributes of a Callable type:
     # in a compiled trait an attribute is a slot, which a method of the class does not fill.
@@ -63,7 +64,7 @@ class Operations:
     def _current(self, ref: MessageRef, attempt: int | None) -> Entry | None:
         raise NotImplementedError
 
-    def _send_back(self, chain: Chain, members: list[Entry], charged: Entry | None = None) -> None:
+    def _send_back(self, chain: Chain, members: list[Entry]) -> None:
         raise NotImplementedError
 
     def _compact_heaps(self) -> None:
@@ -97,15 +98,18 @@ class Operations:
             if entry.redriven:
                 self._pending.redrive_done.append(entry.message.ref)
         for qid, offset in targets.items():
-            self._reader.reset(topic, qid, offset)
+            # What is read again may have been handed out: numbered above all so far.
+            self._reader.reset(topic, qid, offset, self._max_issued)
 
     def redrive(self, dead_letters: Sequence[DeadLetter]) -> int:
         """Deliver dead letters again, in the given (original) order; returns how many.
 
         Redriven messages bypass parking (their offsets are already committed, so they could
-        not be read back) and start again at attempt 1.
+        not be read back) and get a fresh budget of ``max_attempts`` charged deliveries; their
+        delivery numbers go on above every number handed out so far.
         """
         count = 0
+        base = self._max_issued
         for dead in dead_letters:
             message = dead.message
             cur = self._reader.cursor(message.topic, message.qid)
@@ -119,6 +123,7 @@ class Operations:
                 self._pending.redrive_done.append(message.ref)
                 continue
             entry = Entry(message, redriven=True)
+            entry.attempt = base
             self._seq.admit(entry, self._order_value(message), force=True)
             count += 1
         return count
@@ -152,10 +157,12 @@ class Operations:
         return entry.message.ref
 
     def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
-        """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
+        """Deliver a retrying or exhausted head again now, with a fresh budget of charged
+        deliveries (its delivery numbers go on)."""
         entry = self._find_blocked(topic, order_value, ref)
         self._exhausted.pop(entry.message.ref, None)
-        entry.attempt = 0
+        entry.charged = 0
+        entry.blocked_since_ms = -1
         self._seq.retry_now(entry)
         return entry.message.ref
 
@@ -262,10 +269,11 @@ class Operations:
         """Take in-flight deliveries back without charging an attempt (they never arrived).
 
         For a delivery that could not reach its consumer at all (the push endpoint refused
-        the connection): a head becomes ready again at once, ahead of fresh work, with its
-        attempt count as before the delivery; a run member goes back behind its head with
-        the rest of its run, uncharged too. Results for the released deliveries become
-        unknown. ``attempts`` fences as for results; refs not in flight are unknown.
+        the connection, a long poll left before its answer): a head becomes ready again at
+        once, ahead of fresh work, with its charged count as before the delivery; a run
+        member goes back behind its head with the rest of its run, uncharged too. Results
+        for the released deliveries become unknown: the next hand-out has a new delivery
+        number. ``attempts`` fences as for results; refs not in flight are unknown.
         """
         applied = 0
         unknown: list[MessageRef] = []
@@ -283,7 +291,6 @@ class Operations:
             if chain is not None and chain.run:
                 self._send_back(chain, list(chain.run))
             del self._in_flight[ref]
-            entry.attempt -= 1
             self._seq.retry_now(entry)
         self._compact_heaps()
         return Outcome(applied, unknown)
@@ -323,7 +330,7 @@ def _row(head: Entry, value: str | None, waiting: int, parked: bool) -> BlockedK
         m.qid,
         m.offset,
         _STATE_NAMES[head.state],
-        head.attempt,
+        head.charged,
         head.last_error,
         head.blocked_since_ms,
         waiting,

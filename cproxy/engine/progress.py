@@ -86,6 +86,7 @@ def queue_progress(
     tally: Tally,
     parked: list[tuple[str, int]],
     stuck_waiting: dict[str, list[int]],
+    attempt_ceiling: int = 0,
 ) -> QueueProgress:
     """The persisted form of one queue's progress."""
     held = tally.held_offsets(cur.topic, cur.qid)
@@ -103,18 +104,23 @@ def queue_progress(
         open=tuple(opened),
         parked=tuple(sorted(firsts.items())),
         delayed=cur.delays.persisted(),
+        attempt_ceiling=attempt_ceiling,
     )
 
 
 def snapshot(
-    cursors: Iterable[QueueCursor], tally: Tally, chains: Iterable[Chain]
+    cursors: Iterable[QueueCursor], tally: Tally, chains: Iterable[Chain], attempt_ceiling: int = 0
 ) -> dict[QueueRef, QueueProgress]:
     chains = list(chains)
     parked = parked_by_queue(chains)
     waiting = stuck_waiting_by_queue(chains)
     return {
         (cur.topic, cur.qid): queue_progress(
-            cur, tally, parked.get((cur.topic, cur.qid), []), waiting.get((cur.topic, cur.qid), {})
+            cur,
+            tally,
+            parked.get((cur.topic, cur.qid), []),
+            waiting.get((cur.topic, cur.qid), {}),
+            attempt_ceiling,
         )
         for cur in cursors
     }

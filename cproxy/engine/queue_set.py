@@ -19,7 +19,7 @@ from mypy_extensions import trait
 
 from cproxy.engine.reader import Reader
 from cproxy.engine.sequencer import Sequencer
-from cproxy.engine.work import Entry
+from cproxy.engine.work import ATTEMPT_RESERVE, Entry
 from cproxy.model import MessageRef, QueueProgress, QueueRef
 
 
@@ -33,6 +33,8 @@ class QueueSet:
     _persisted: dict[QueueRef, QueueProgress]
     #: Releasing queues, and their ready entries that ``pull`` set aside.
     _paused: dict[QueueRef, list[Entry]]
+    _max_issued: int
+    _ceiling: int
 
     # Methods of GroupEngine and Operations (see ``Operations`` for why not attributes).
     def progress(self) -> dict[QueueRef, QueueProgress]:
@@ -51,11 +53,18 @@ class QueueSet:
 
     def add_queue(self, topic: str, qid: int, progress: QueueProgress, end_offset: int) -> None:
         """Serve a queue from ``progress`` (as persisted); ``end_offset`` is the store's next
-        offset. A queue already served is left as it is."""
+        offset. A queue already served is left as it is.
+
+        Its messages are numbered above the delivery numbers its former owner reserved
+        (and above this engine's own), and more are reserved: the caller persists the
+        engine's progress before handing anything of it out."""
         ref = (topic, qid)
         if self.serves(topic, qid):
             return
-        self._reader.add_queue(ref, progress, end_offset)
+        base = max(self._max_issued, progress.attempt_ceiling)
+        self._max_issued = base
+        self._ceiling = max(self._ceiling, base + ATTEMPT_RESERVE)
+        self._reader.add_queue(ref, progress, end_offset, base)
         self._persisted[ref] = progress
 
     def pause_queue(self, topic: str, qid: int) -> None:

@@ -59,6 +59,7 @@ class ReadBack:
                 break
             entry = self._screen(message, False)
             if entry is not None:
+                cur.renumber(entry)
                 self._seq.admit(entry, self._extract(message))
             start = message.offset + 1
         if len(messages) < request.max_count:
@@ -90,6 +91,7 @@ class ReadBack:
                     return
                 entry = self._screen(message, False)
                 if entry is not None:
+                    cur.renumber(entry)
                     self._seq.admit(entry, value)
             position = offset + 1
         cur.scan_from = max(cur.scan_from, position)
@@ -121,6 +123,7 @@ class ReadBack:
                 break
             entry = self._screen(message, False)
             if entry is not None:
+                cur.renumber(entry, chain.attempt_floor)
                 self._seq.admit_reloaded(entry, chain)
         scanned_to = min(scanned_to, request.upto)
         if scanned_to < request.upto:

@@ -45,7 +45,7 @@ def _is_stuck(head: Entry, now_ms: int) -> bool:
     if head.state is State.DELAYED:
         return head.due_ms - now_ms > WAKE_LEAD_MS  # else it is about to be ready
     return head.state is State.IN_FLIGHT and (
-        head.attempt > 1 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
+        head.charged > 0 or now_ms - head.blocked_since_ms >= PARK_AFTER_MS
     )
 
 
@@ -83,13 +83,15 @@ class Reader(ReadBack):
         sequencer: Sequencer,
         tally: Tally,
         screen: Callable[[Message, bool], Entry | None] | None = None,
+        reread_base: int = 0,
     ) -> None:
         """``screen(message, first_read)`` gives the entry to hold for a read message, or
         None when it is not held (a group's filter); ``first_read`` is False when a message
-        is read again (a reload). None: every message is held as it is."""
+        is read again (a reload). None: every message is held as it is. ``reread_base``:
+        the delivery numbers reserved before this load (``QueueCursor.reread_base``)."""
         sample = max(1, max_buffered // 4)
         self._cursors = {
-            ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0), sample)
+            ref: QueueCursor(ref[0], ref[1], p, end_offsets.get(ref, 0), sample, reread_base)
             for ref, p in progress.items()
         }
         self._max_buffered = max_buffered
@@ -116,9 +118,13 @@ class Reader(ReadBack):
     def cursors(self) -> Iterator[QueueCursor]:
         return iter(self._cursors.values())
 
-    def add_queue(self, ref: QueueRef, progress: QueueProgress, end_offset: int) -> None:
-        """Start reading a queue from its persisted progress (cluster: it became owned)."""
-        cur = QueueCursor(ref[0], ref[1], progress, end_offset, max(1, self._max_buffered // 4))
+    def add_queue(
+        self, ref: QueueRef, progress: QueueProgress, end_offset: int, reread_base: int
+    ) -> None:
+        """Start reading a queue from its persisted progress (cluster: it became owned);
+        its stored messages are numbered above ``reread_base``."""
+        sample = max(1, self._max_buffered // 4)
+        cur = QueueCursor(ref[0], ref[1], progress, end_offset, sample, reread_base)
         self._cursors[ref] = cur
         if _has_work(cur):
             self._unread[ref] = cur
@@ -303,6 +309,7 @@ class Reader(ReadBack):
                 return False
             entry = self._screen(message, True)  # its first screening
             if entry is not None:
+                cur.renumber(entry)
                 self._seq.admit(entry, None)
             return True
 
@@ -332,6 +339,7 @@ class Reader(ReadBack):
         screen = None if self._screen is _hold else self._screen
         legacy = cur.legacy
         fetch_offset = cur.fetch_offset
+        reread_until = cur.reread_until
         for message in messages:
             offset = message.offset
             if legacy is not None and legacy.is_finished(offset):
@@ -348,18 +356,25 @@ class Reader(ReadBack):
                 # planned with: stop here and read the rest later.
                 break
             if screen is None:
-                seq.admit(Entry(message), value)
-            elif (entry := screen(message, True)) is not None:
-                seq.admit(entry, value)
+                entry = Entry(message)
+            elif (screened := screen(message, True)) is not None:
+                entry = screened
+            else:
+                fetch_offset = offset + 1
+                continue
+            if offset < reread_until:
+                entry.attempt = cur.reread_base
+            seq.admit(entry, value)
             fetch_offset = offset + 1
         cur.fetch_offset = fetch_offset
         cur.end_offset = max(cur.end_offset, fetch_offset)
 
     # -- operator actions ----------------------------------------------------------------------
-    def reset(self, topic: str, qid: int, offset: int) -> None:
-        """Restart a queue at ``offset``: reads planned before are recognised as stale."""
+    def reset(self, topic: str, qid: int, offset: int, reread_base: int) -> None:
+        """Restart a queue at ``offset``: reads planned before are recognised as stale; what
+        is read again is numbered above ``reread_base``."""
         cur = self._cursors[(topic, qid)]
-        cur.reset(offset)
+        cur.reset(offset, reread_base)
         self._unread[(topic, qid)] = cur
 
     def skip_to(self, topic: str, qid: int, min_offset: int) -> int:

@@ -132,10 +132,11 @@ class Sequencer:
     def _make_head(self, entry: Entry, *, reactivated: bool) -> None:
         """``entry`` may be handed out next: ready, DELAYED until its ``deliver_at_ms``, or,
         for a chain head due later than ``SLEEP_BEYOND_MS`` from now, not held (the chain
-        sleeps). Only a first delivery waits: a redriven dead letter, a message sent back
-        from a run or released by an operator was due already."""
+        sleeps). A redriven dead letter was due already; so was a message sent back from a
+        run or released by an operator (it was handed out, so its time had come, and the
+        clock only moves on)."""
         due = entry.message.deliver_at_ms
-        if due is None or due <= self._now_ms or entry.attempt or entry.redriven:
+        if due is None or due <= self._now_ms or entry.redriven:
             self._make_ready(entry, reactivated=reactivated)
             return
         entry.due_ms = due
@@ -187,6 +188,7 @@ class Sequencer:
         chain.head = None
         for entry in (head, *chain.waiting):
             chain.note_parked(entry.message.qid, entry.message.offset)
+            chain.attempt_floor = max(chain.attempt_floor, entry.attempt)
             self._tally.move(entry, State.OUT)
         chain.waiting = NO_ENTRIES
         wake = chain.wake_ms = max(self._now_ms, head.due_ms - WAKE_LEAD_MS)
@@ -293,6 +295,7 @@ class Sequencer:
                 continue
             for entry in chain.waiting:
                 chain.note_parked(entry.message.qid, entry.message.offset)
+                chain.attempt_floor = max(chain.attempt_floor, entry.attempt)
                 self._tally.move(entry, State.OUT)
             chain.waiting = NO_ENTRIES
             if self._tally.held <= until_held:

@@ -9,7 +9,9 @@ from cproxy.model import Message, MessageRef
 
 
 class Delivery(NamedTuple):
-    """One message handed out to a consumer: ``attempt`` starts at 1.
+    """One message handed out to a consumer: ``attempt`` numbers its deliveries (1 for the
+    first delivery of a fresh message; every hand-out gets the next number, never reused),
+    ``charged`` counts those that failed or timed out (what ``max_attempts`` counts).
 
     ``run`` is the position, in the same pull's answer, of the first message of the
     same-key run this message belongs to (its own position when it is not in a run).
@@ -21,6 +23,9 @@ class Delivery(NamedTuple):
     run: int = 0
     #: The body to deliver (JSON) when the group transforms it; None: the stored body.
     body_json: bytes | None = None
+    #: Charged deliveries before this one (fails and ack timeouts since the last fresh
+    #: budget).
+    charged: int = 0
 
 
 class Outcome(NamedTuple):
@@ -110,6 +115,7 @@ class BlockedKey:
     offset: int
     #: "in_flight", "retrying" or "exhausted".
     state: str
+    #: Charged deliveries (fails and ack timeouts), what ``max_attempts`` counts.
     attempts: int
     last_error: str | None
     #: When the head was first handed out (ms since the epoch).

@@ -12,6 +12,7 @@ States, and who moves an entry between them::
     OUT/WAITING -becomes head, ``deliver_at_ms`` still ahead-> DELAYED -due-> READY
     READY -pull-> IN_FLIGHT -ack or dead letter-> OUT
     IN_FLIGHT -fail or timeout-> RETRYING -due-> READY
+    IN_FLIGHT -sent back uncharged (run tail, give-back, push transport error)-> WAITING/READY
     IN_FLIGHT -out of attempts, on_exhausted "block"-> EXHAUSTED -skip/release-> OUT/READY
     any held state -parked or dropped by a seek-> OUT
 
@@ -29,6 +30,14 @@ from cproxy.model import Message
 
 if TYPE_CHECKING:
     from cproxy.engine.chains import Chain
+
+#: Delivery numbers a group reserves ahead in the store (``QueueProgress.attempt_ceiling``):
+#: every number it hands out stays at or below the persisted ceiling, so after a restart or a
+#: change of owner numbering resumes above it and a late result from before cannot match a
+#: delivery after. The ceiling moves up with a commit when half the reserve is used; only a
+#: message handed out more than half this many times within one commit interval could pass
+#: it (docs/guarantees.md, fenced deliveries).
+ATTEMPT_RESERVE: Final = 1000
 
 
 class State(enum.IntEnum):
@@ -71,6 +80,7 @@ class Entry:
         "blocked_since_ms",
         "body_json",
         "chain",
+        "charged",
         "deadline_ms",
         "due_ms",
         "last_error",
@@ -85,8 +95,14 @@ class Entry:
         self.message = message
         #: The chain of the entry's order value; None for unordered messages.
         self.chain = chain
-        #: Deliveries so far; the next delivery is attempt ``attempt + 1``.
+        #: The delivery number (fencing token) of the latest hand-out; the next hand-out is
+        #: ``attempt + 1``, whatever ended the last one, so a number is never reused. Above 0
+        #: before the first hand-out when the message may have been delivered before this
+        #: entry was made (read again after a restart, a seek, a park or a redrive).
         self.attempt = 0
+        #: Charged deliveries (fails and ack timeouts) since the last fresh budget (redrive,
+        #: release): what ``max_attempts``, the backoff and a dead letter's ``attempts`` count.
+        self.charged = 0
         self.state = State.OUT
         #: Ack deadline of the current delivery (ms since the epoch, the driver's clock).
         self.deadline_ms = 0
@@ -95,8 +111,8 @@ class Entry:
         self.last_error: str | None = None
         #: Redriven dead letters are outside offset tracking (their offset is committed).
         self.redriven = redriven
-        #: When the first delivery of this entry was handed out (ms).
-        self.blocked_since_ms = 0
+        #: When the first delivery of this entry was handed out (ms); -1: not yet.
+        self.blocked_since_ms = -1
         #: The body to deliver when the group transforms it (JSON); None: the stored body.
         self.body_json: bytes | None = None
 

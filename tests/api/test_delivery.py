@@ -271,7 +271,8 @@ def test_block_then_skip_and_release(server: RunningServer) -> None:
         )
         assert r.status_code == 200, r.text
         again = pull(client)
-        assert [(m["offset"], m["attempt"]) for m in again] == [(0, 1)]
+        # A fresh budget (nothing charged) under the next delivery number.
+        assert [(m["offset"], m["attempt"], m["charged_attempts"]) for m in again] == [(0, 2, 0)]
         pull(client, results=acks(again, "fails"))
         r = client.post("/v1/groups/g/blocked-keys/skip", json={"topic": "t", "order_value": "a"})
         assert r.json() == {"skipped": {"topic": "t", "qid": 0, "offset": 0}}

@@ -261,7 +261,11 @@ async def test_a_waiter_cancelled_as_it_is_handed_messages_gives_them_back() -> 
             await task
         assert runner.stats().in_flight == 0
         again = (await broker.pull("g", 10, 0, None, [])).deliveries
-        assert [(d.message.offset, d.attempt) for d in again] == [(0, 1), (1, 1)]
+        # Given back uncharged; the next hand-out is a new delivery (number 2).
+        assert [(d.message.offset, d.attempt, d.charged) for d in again] == [
+            (0, 2, 0),
+            (1, 2, 0),
+        ]
 
 
 async def test_a_waiter_whose_scope_is_cancelled_as_it_is_handed_messages_loses_none() -> None:
@@ -412,7 +416,7 @@ async def test_messages_handed_to_a_pull_whose_caller_just_went_go_back() -> Non
         assert answers == [0]
         assert runner.stats().in_flight == 0
         again = (await broker.pull("g", 10, 0, None, [])).deliveries
-        assert [(d.message.offset, d.attempt) for d in again] == [(0, 1)]
+        assert [(d.message.offset, d.attempt, d.charged) for d in again] == [(0, 2, 0)]
 
 
 async def test_a_watch_by_callback_is_told_to_leave_and_stopped_when_the_wait_ends() -> None:

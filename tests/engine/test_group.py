@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.records import Result
+from cproxy.engine.work import ATTEMPT_RESERVE
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, keys, offsets
 
@@ -133,7 +134,8 @@ def test_block_mode_holds_the_key_until_skip_or_release() -> None:
     ref = h.engine.release("t", "a", None)
     assert ref == ("t", 0, 0)
     again = h.pull()
-    assert [(e.message.offset, e.attempt) for e in again] == [(0, 1)]
+    # A fresh budget of charged deliveries; the delivery number goes on (never reused).
+    assert [(e.message.offset, e.attempt, e.charged) for e in again] == [(0, 2, 0)]
     h.fail(*again)
     h.engine.skip("t", "a", None, h.now)
     assert offsets(h.pull()) == [1]
@@ -204,7 +206,9 @@ def test_commit_progress_skips_finished_work_after_restart() -> None:
     h.ack(got[1], got[3])
     progress = h.engine.take_commit().progress
     # Compact form: below read_to only the open ranges (held in memory) are unfinished.
-    assert progress[("t", 0)] == QueueProgress(0, read_to=4, open=((0, 1), (2, 3)))
+    assert progress[("t", 0)] == QueueProgress(
+        0, read_to=4, open=((0, 1), (2, 3)), attempt_ceiling=ATTEMPT_RESERVE
+    )
     h.new_engine(progress)
     assert offsets(h.pull()) == [0, 2]
     # Progress written by older versions (finished ranges) still loads.
@@ -309,7 +313,8 @@ def test_redrive_delivers_dead_letters_again_in_order() -> None:
     assert h.engine.redrive(dead) == 3
     seen = []
     while got := h.pull():
-        assert len(got) == 1 and got[0].attempt == 1
+        # A fresh budget (nothing charged), numbered above the deliveries before.
+        assert len(got) == 1 and (got[0].attempt, got[0].charged) == (2, 0)
         seen.append(got[0].message.offset)
         h.ack(*got)
     assert seen == [0, 1, 2]

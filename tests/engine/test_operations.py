@@ -77,7 +77,7 @@ def test_skip_and_release_by_ref_for_unordered_messages() -> None:
         (None, 1, "exhausted"),
     ]
     assert h.engine.release("t", None, ("t", 0, 0)) == ("t", 0, 0)
-    assert [(d.message.offset, d.attempt) for d in h.pull()] == [(0, 1)]
+    assert [(d.message.offset, d.attempt, d.charged) for d in h.pull()] == [(0, 2, 0)]
     assert h.engine.skip("t", None, ("t", 0, 1), h.now) == ("t", 0, 1)
     assert h.engine.stats().exhausted == 0
     assert [d.message.offset for d in h.engine.take_commit().dead_letters] == [1]

@@ -16,10 +16,11 @@ def test_a_released_head_is_ready_again_at_once_with_its_attempt_uncharged() -> 
     assert outcome.applied == 1 and outcome.unknown == []
     s = h.engine.stats()
     assert (s.ready, s.in_flight, s.retrying, s.waiting) == (1, 1, 0, 1)
-    # Released many times: never charged, so never dead-lettered; order still holds.
-    for _ in range(5):
+    # Released many times: never charged, so never dead-lettered; order still holds. Each
+    # hand-out has a new delivery number.
+    for n in range(2, 7):
         again = h.pull()
-        assert [(d.message.offset, d.attempt) for d in again] == [(0, 1)]
+        assert [(d.message.offset, d.attempt, d.charged) for d in again] == [(0, n, 0)]
         h.engine.release_uncharged([again[0].message.ref])
     again = h.pull()
     assert h.ack(*again).applied == 1
@@ -60,7 +61,11 @@ def test_releasing_a_run_head_sends_the_whole_run_back_in_order_uncharged() -> N
     s = h.engine.stats()
     assert (s.ready, s.in_flight, s.waiting) == (1, 0, 3)
     again = h.engine.pull(10, None, h.now, max_per_key=3)
-    assert [(d.message.offset, d.attempt) for d in again] == [(0, 1), (1, 1), (2, 1)]
+    assert [(d.message.offset, d.attempt, d.charged) for d in again] == [
+        (0, 2, 0),
+        (1, 2, 0),
+        (2, 2, 0),
+    ]
 
 
 def test_releasing_a_run_member_sends_it_and_the_rest_back_behind_the_head() -> None:
@@ -72,4 +77,4 @@ def test_releasing_a_run_member_sends_it_and_the_rest_back_behind_the_head() -> 
     assert h.engine.release_uncharged([run[1].message.ref]).applied == 1
     assert h.ack(run[0]).applied == 1
     assert h.ack(run[2]).unknown == [run[2].message.ref]
-    assert [(d.message.offset, d.attempt) for d in h.pull()] == [(1, 1)]
+    assert [(d.message.offset, d.attempt, d.charged) for d in h.pull()] == [(1, 2, 0)]

@@ -50,7 +50,13 @@ def test_a_fail_inside_a_run_sends_the_rest_back_uncharged() -> None:
     assert (s.in_flight, s.retrying, s.waiting) == (0, 1, 3)
     h.advance(0)
     again = _pull(h)
-    assert [(d.message.offset, d.attempt) for d in again] == [(1, 2), (2, 1), (3, 1), (4, 1)]
+    # Every hand-out has a new number; only the fail is charged.
+    assert [(d.message.offset, d.attempt, d.charged) for d in again] == [
+        (1, 2, 1),
+        (2, 2, 0),
+        (3, 2, 0),
+        (4, 1, 0),
+    ]
 
 
 def test_a_timed_out_run_comes_back_in_order() -> None:
@@ -60,7 +66,11 @@ def test_a_timed_out_run_comes_back_in_order() -> None:
     assert offsets(_pull(h)) == [0, 1, 2]
     h.advance(100)
     again = _pull(h)
-    assert [(d.message.offset, d.attempt) for d in again] == [(0, 2), (1, 1), (2, 1)]
+    assert [(d.message.offset, d.attempt, d.charged) for d in again] == [
+        (0, 2, 1),
+        (1, 2, 0),
+        (2, 2, 0),
+    ]
 
 
 def test_an_early_ack_of_a_run_member_finishes_it() -> None:

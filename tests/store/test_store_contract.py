@@ -308,6 +308,18 @@ async def test_progress_round_trip(store: Store) -> None:
     assert await store.load_progress("other") == {("t", 0): QueueProgress(99)}
 
 
+async def test_progress_keeps_the_delivery_number_ceiling(store: Store) -> None:
+    # Delivery numbers resume above it after a restart (docs/guarantees.md, fenced
+    # deliveries): it must come back exactly as committed, and grow with later commits.
+    await store.create_topic("t", 1)
+    first = QueueProgress(2, read_to=4, open=((2, 3),), attempt_ceiling=1000)
+    await store.commit("g", {("t", 0): first})
+    assert await store.load_progress("g") == {("t", 0): first}
+    later = QueueProgress(3, read_to=5, attempt_ceiling=2001)
+    await store.commit("g", {("t", 0): later})
+    assert (await store.load_progress("g"))[("t", 0)].attempt_ceiling == 2001
+
+
 async def _dead_lettered(store: Store) -> list[Message]:
     """Two topics, inserted out of order; returns their messages."""
     await store.create_topic("b", 2)
