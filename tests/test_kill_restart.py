@@ -175,6 +175,9 @@ class Sent:
     msg: Msg
     ack: bool
     attempt: int
+    #: Charged deliveries before this one (``charged_attempts``): a fail with
+    #: ``charged + 1 == MAX_ATTEMPTS`` dead-letters the message.
+    charged: int = 0
     confirmed: bool = False
     confirmed_at: float = 0.0
     lost: bool = False  # the request failed (server killed): outcome unknown
@@ -310,7 +313,8 @@ def consumer(log: Log, stop: threading.Event) -> None:
                         )
                     )
                     ack = not fails_always(msg) and not (fails_first(msg) and m["attempt"] == 1)
-                    pending.append((Sent(0, epoch, msg, ack, m["attempt"]), m["qid"], m["offset"]))
+                    sent = Sent(0, epoch, msg, ack, m["attempt"], m["charged_attempts"])
+                    pending.append((sent, m["qid"], m["offset"]))
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -369,7 +373,7 @@ def check_order(log: Log, dead: set[Msg]) -> list[str]:
     for _, event in events:
         k, seq = event.msg
         if isinstance(event, Sent):
-            if event.ack or event.attempt >= MAX_ATTEMPTS:
+            if event.ack or event.charged + 1 >= MAX_ATTEMPTS:
                 finished[k].add(seq)
             continue
         previous = last_seq.get((event.epoch, k))
