@@ -307,11 +307,11 @@ def test_exhausted_failures_dead_letter_with_the_handler_error(server: RunningSe
         producer.send("rides", {"n": 0}, key="bad")
         producer.send("rides", {"n": 1}, key="bad")
     ok: list[int] = []
-    tries_of_0: list[int] = []
+    tries_of_0: list[tuple[int, int]] = []
 
     def handle(msg: Message) -> None:
         if msg.body["n"] == 0:
-            tries_of_0.append(msg.attempt)
+            tries_of_0.append((msg.attempt, msg.charged_attempts))
             raise ValueError("card declined")
         ok.append(msg.body["n"])
 
@@ -326,7 +326,8 @@ def test_exhausted_failures_dead_letter_with_the_handler_error(server: RunningSe
             assert dead["last_error"] == "ValueError: card declined"
             assert client.redrive("g") == 1
         wait_until(lambda: len(tries_of_0) == 4, 10, message="redriven and failed again")
-    assert tries_of_0 == [1, 2, 1, 2]
+    # Redriven with a fresh charge budget; delivery numbers go on (never reused).
+    assert tries_of_0 == [(1, 0), (2, 1), (3, 0), (4, 1)]
 
 
 async def test_async_for_against_a_real_server(server: RunningServer) -> None:

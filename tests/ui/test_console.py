@@ -214,7 +214,8 @@ def test_release_retries_a_blocked_key(page: ConsolePage, client: httpx.Client) 
     page.confirm()
     wait_until(lambda: group_stats(client, "settle")["exhausted"] == 0, message="released")
     [again] = pull_all(client, "settle", 1)
-    assert (again["offset"], again["attempt"]) == (head["offset"], 1)
+    # A fresh charge budget under the next delivery number (two failed before).
+    assert (again["offset"], again["attempt"], again["charged_attempts"]) == (head["offset"], 3, 0)
     page.wait(lambda: not page.visible(f'{row} button[data-action="release"]'), "row gone")
 
 

@@ -108,7 +108,7 @@ function blockedTable(g, now) {
   const total = Math.max(g.stats.blocked_keys || 0, g.blocked.length);
   return h("div", { class: "blocked" },
     h("h4", {}, `Blocked keys (${num(total)}${total > MAX_ROWS ? `, longest ${MAX_ROWS} shown` : ""}, longest blocked first)`),
-    table(["key", "head", "state", "#attempts", "#blocked for", "#waiting", "last error", ""], rows));
+    table(["key", "head", "state", "#charged attempts", "#blocked for", "#waiting", "last error", ""], rows));
 }
 
 function deadTable(g) {
@@ -123,7 +123,7 @@ function deadTable(g) {
   const count = g.stats.dead_lettered;
   return h("div", { class: "dead" },
     h("h4", {}, `Dead letters (${num(count)}${count > MAX_ROWS ? `, oldest ${MAX_ROWS} shown` : ""})`),
-    table(["message", "key", "#attempts", "last error", "dead-lettered at", "body"], rows));
+    table(["message", "key", "#charged attempts", "last error", "dead-lettered at", "body"], rows));
 }
 
 function groupCard(g, now) {
