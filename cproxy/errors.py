@@ -120,6 +120,12 @@ class NotBlocked(Conflict):
     code = "not_blocked"
 
 
+class ReplayInProgress(Conflict):
+    """A replay of the order value is still delivering (maps to 409)."""
+
+    code = "replay_in_progress"
+
+
 class QueueNotOwned(Conflict):
     """A commit named queues this proxy no longer owns at the epoch it holds (cluster mode):
     another proxy took them over. Nothing of the commit was written; ``refs`` lists the

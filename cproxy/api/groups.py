@@ -21,7 +21,7 @@ from . import wire
 from .auth import Authorizer, require
 from .deps import BrokerDep
 from .routing import CproxyRoute
-from .schemas import BlockedKeyAction, Extend, Redrive, Seek
+from .schemas import BlockedKeyAction, Extend, Redrive, Replay, Seek
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
@@ -95,6 +95,16 @@ async def seek(
     to = body.to if isinstance(body.to, str | int) else {"timestamp_ms": body.to.timestamp_ms}
     targets = await broker.seek(group, body.topic, body.qid, to)
     return wire.json_response(wire.seek(body.topic, targets))
+
+
+@router.post("/{group}/replay", summary="Deliver one order value's finished messages again")
+async def replay(
+    group: str, body: Replay, request: Request, broker: BrokerDep, token: GroupToken
+) -> Response:
+    _scoped(request, token, body.topic)
+    start = body.from_ if isinstance(body.from_, str | int) else body.from_.model_dump()
+    replaying, lost = await broker.replay(group, body.topic, body.order_value, start)
+    return wire.json_response(wire.replay(replaying, lost))
 
 
 @router.get("/{group}/dead-letters", summary="List dead letters (of topics in the token's scope)")

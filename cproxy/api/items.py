@@ -29,7 +29,7 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
     group's transform of the body when it has one; ``run`` only with ``runs``."""
     raw = msgspec.Raw
     out: list[Delivered] = []
-    for m, attempt, run, body, charged in items:  # unpacked: a tuple read, not a lookup
+    for m, attempt, run, body, charged, replay in items:  # unpacked: tuple reads
         headers = m.headers_json
         out.append(
             Delivered(
@@ -43,6 +43,7 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
                 charged,
                 m.produced_at_ms,
                 run if runs else None,
+                True if replay else None,
             )
         )
     return out

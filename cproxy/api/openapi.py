@@ -49,6 +49,7 @@ ROUTES: dict[tuple[str, str], tuple[dict[int, type[BaseModel]], tuple[int, ...]]
     ("post", "/v1/groups/{group}/ack"): ({200: m.ResultsOutcome}, (404,)),
     ("post", "/v1/groups/{group}/extend"): ({200: m.ResultsOutcome}, (404,)),
     ("post", "/v1/groups/{group}/seek"): ({200: m.SeekAnswer}, (404,)),
+    ("post", "/v1/groups/{group}/replay"): ({200: m.ReplayAnswer}, (404, 409)),
     ("get", "/v1/groups/{group}/dead-letters"): ({200: m.DeadLetterList}, (404,)),
     ("post", "/v1/groups/{group}/dead-letters/redrive"): ({200: m.Redriven}, (404,)),
     ("get", "/v1/groups/{group}/blocked-keys"): ({200: m.BlockedKeyList}, (404,)),

@@ -88,6 +88,11 @@ class Message(_Out):
     produced_at_ms: int
     #: With ``max_per_key`` > 1: the position of the first message of this one's run.
     run: int | None = None
+    replay: bool | None = Field(
+        default=None,
+        description="Present (true) only on a message delivered again by a replay of its "
+        "order value (POST /v1/groups/{group}/replay).",
+    )
 
 
 class ResultsOutcome(_Out):
@@ -167,6 +172,9 @@ class GroupStatsOut(_Out):
     parked_keys: int
     #: Delayed messages not due yet (held, heading a sleeping key, or released unordered).
     delayed: int = 0
+    replaying: int = Field(
+        default=0, description="Messages a replay of an order value has still to deliver."
+    )
     dead_lettered: int
     push: dict[str, PushState] | None = None
 
@@ -187,6 +195,14 @@ class GroupList(_Out):
 class SeekOffset(_Out):
     qid: int
     offset: int
+
+
+class ReplayAnswer(_Out):
+    replaying: int = Field(description="Finished messages of the order value delivered again.")
+    lost_to_retention: int = Field(
+        description="Messages of the requested range that retention already deleted (of any "
+        "order value: their values went with them)."
+    )
 
 
 class SeekAnswer(_Out):

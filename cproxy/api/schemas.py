@@ -76,6 +76,14 @@ class Seek(_Strict):
     to: Literal["earliest", "latest"] | NonNegative | Timestamp
 
 
+class Replay(_Strict):
+    topic: StrictStr
+    order_value: StrictStr
+    from_: Annotated[Literal["earliest"] | NonNegative | Timestamp, Field(alias="from")] = (
+        "earliest"
+    )
+
+
 class BlockedKeyAction(_Strict):
     """Name the head either by order value or, for unordered messages, by qid and offset."""
 

@@ -167,6 +167,7 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
         "blocked_keys": stats.blocked_keys,
         "parked_keys": stats.parked_keys,
         "delayed": stats.delayed,
+        "replaying": stats.replaying,
         "dead_lettered": dead_lettered,
     }
 
@@ -220,6 +221,10 @@ def blocked_keys(rows: Iterable[BlockedKey]) -> dict[str, Any]:
 def ref(action: str, r: MessageRef) -> dict[str, Any]:
     """``{"skipped": {...}}`` / ``{"released": {...}}``: the head an action applied to."""
     return {action: {"topic": r[0], "qid": r[1], "offset": r[2]}}
+
+
+def replay(replaying: int, lost_to_retention: int) -> dict[str, Any]:
+    return {"replaying": replaying, "lost_to_retention": lost_to_retention}
 
 
 def seek(topic_name: str, targets: dict[int, int]) -> dict[str, Any]:

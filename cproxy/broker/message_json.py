@@ -48,6 +48,8 @@ def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
     out["produced_at_ms"] = d.message.produced_at_ms
     if runs:
         out["run"] = d.run
+    if d.replay:
+        out["replay"] = True
     return out
 
 
@@ -67,3 +69,5 @@ class Delivered(msgspec.Struct, gc=False, omit_defaults=True):
     charged_attempts: int
     produced_at_ms: int
     run: int | None = None
+    #: Only on a message delivered again by a replay of its order value.
+    replay: bool | None = None

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Collection
 from cproxy.engine.snapshots import BlockedKey
 from cproxy.errors import InvalidRequest
 from cproxy.model import DeadLetter, MessageRef, TopicInfo
+from cproxy.placement import queue_for_key
 
 from .clock import now_ms
 from .runner import GroupRunner
@@ -35,6 +36,31 @@ class OperatorActions:
         targets = await self._topics.seek_targets(topic, qid, to)
         await runner.seek(topic, targets)
         return targets
+
+    async def replay(
+        self, name: str, topic: str, order_value: str, start: SeekTarget
+    ) -> tuple[int, int]:
+        """Deliver one order value's finished messages again (from ``start``), in order,
+        without moving committed offsets; returns (replaying, lost_to_retention).
+
+        With ``order_by: key`` only the key's queue is scanned, with a JSON path every queue
+        of the topic (this proxy's, in a cluster). ``order_by`` qid or none: 422 (a seek
+        does that).
+        """
+        runner = self._runner(name)
+        info = self.topic(topic)
+        if not runner.reads(topic):
+            raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
+        spec = runner.config.topics[topic].spec
+        if spec in ("qid", "none"):
+            raise InvalidRequest(
+                f"topic {topic!r} is read with order_by {spec!r}: it has no order values to "
+                "replay (use seek)"
+            )
+        qids = [queue_for_key(order_value, info.queues)] if spec == "key" else range(info.queues)
+        starts = await self._topics.replay_starts(topic, qids, start)
+        replaying = await runner.replay(topic, order_value, {q: b for q, (b, _) in starts.items()})
+        return replaying, sum(lost for _, lost in starts.values())
 
     async def commit(self, name: str) -> None:
         """Persist the group's progress and dead letters now (normally every interval)."""

@@ -78,6 +78,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         self._stopping = False
         #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
         self._push_lanes = [PushLane(self, t, p) for t, p in engine.config.push.items()]
+        self._replay_scans: set[tuple[str, str]] = set()
 
     @classmethod
     async def open(

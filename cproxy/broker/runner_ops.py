@@ -12,14 +12,17 @@ import anyio
 
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.snapshots import GroupStats
-from cproxy.errors import StoreError
-from cproxy.model import DeadLetter, MessageRef
+from cproxy.errors import InvalidRequest, ReplayInProgress, StoreError
+from cproxy.model import DeadLetter, Message, MessageRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
 
 # The runner's logger: these lines were always logged under it, and log settings name it.
 logger = logging.getLogger("cproxy.broker.runner")
+
+#: Messages read per store read while a replay scans a queue.
+REPLAY_SCAN_BATCH = 2000
 
 
 def topics_in_scope(topic: str | None, within: Collection[str] | None) -> Sequence[str | None]:
@@ -45,6 +48,8 @@ class OperatorCalls:
     _notify_ready: Callable[[], None]
     _after_finish: Callable[[], None]
     commit: Callable[[], Awaitable[None]]
+    #: Order values (topic, value) whose replay is reading the store now.
+    _replay_scans: set[tuple[str, str]]
 
     async def oldest_unfinished_at_ms(self, stats: GroupStats) -> int | None:
         """When the oldest message not yet acked or dead-lettered was produced (ms), read
@@ -112,6 +117,47 @@ class OperatorCalls:
             self._notify_ready()
         await self.commit()  # dead letters of unsubscribed topics go back
         logger.info("group=%s redriving dead_letters=%d", self.name, count)
+        return count
+
+    async def replay(self, topic: str, value: str, starts: dict[int, int]) -> int:
+        """Read the order value's messages from ``starts`` (qid -> offset) up to where the
+        group may have finished them and deliver the finished ones again (the engine's
+        ``replay``); queues this proxy does not serve are left out (cluster)."""
+        key = (topic, value)
+        if key in self._replay_scans or self._engine.replaying(topic, value):
+            raise ReplayInProgress(f"order value {value!r} of topic {topic!r} is being replayed")
+        self._replay_scans.add(key)
+        try:
+            bounds = self._engine.replay_bounds(topic)
+            extract = self._engine.config.topics[topic].extract
+            found: list[list[Message]] = []
+            held = 0
+            for qid, start in sorted(starts.items()):
+                mine: list[Message] = []
+                offset, upto = start, bounds.get(qid, start)
+                while offset < upto:
+                    batch = await self._store.read(topic, qid, offset, REPLAY_SCAN_BATCH)
+                    if not batch:
+                        break
+                    for message in batch:
+                        if message.offset >= upto:
+                            break
+                        if extract(message) == value:
+                            mine.append(message)
+                    offset = batch[-1].offset + 1
+                held += len(mine)
+                if held > self._engine.config.max_buffered:
+                    raise InvalidRequest(
+                        f"the replay would hold more than max_buffered "
+                        f"({self._engine.config.max_buffered}) messages: replay from later"
+                    )
+                found.append(mine)
+            count = self._engine.replay(topic, value, found)
+        finally:
+            self._replay_scans.discard(key)
+        if count:
+            self._notify_ready()
+        logger.info("group=%s topic=%s replaying value=%r count=%d", self.name, topic, value, count)
         return count
 
     def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:

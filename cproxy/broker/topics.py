@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from cproxy.errors import InvalidRequest, TopicConflict, TopicNotFound
 from cproxy.model import NewMessage, QueueStats, TopicInfo
@@ -130,6 +130,34 @@ class Topics:
                     "'to' must be 'earliest', 'latest', an offset or {'timestamp_ms': n}"
                 )
         return targets
+
+    async def replay_starts(
+        self, topic: str, qids: Iterable[int], start: SeekTarget
+    ) -> dict[int, tuple[int, int]]:
+        """Per queue: where a replay from ``start`` begins, and how many messages of the
+        requested range retention already deleted. ``"earliest"`` asks for everything ever
+        stored (offset 0 on); for a time, the deleted messages count when the oldest one
+        kept is newer than that time (some deleted ones may be newer too)."""
+        stats = {s.qid: s for s in await self.queue_stats(topic)}
+        out: dict[int, tuple[int, int]] = {}
+        for q in qids:
+            s = stats[q]
+            if start == "earliest":
+                wanted = 0
+            elif isinstance(start, int):
+                wanted = start
+            elif isinstance(start, dict):
+                at = start["timestamp_ms"]
+                wanted = await self._log.offset_for_time(topic, q, at)
+                if wanted <= s.min_offset and s.min_offset > 0:
+                    first = await self._log.read(topic, q, s.min_offset, 1)
+                    if first and first[0].produced_at_ms > at:
+                        wanted = 0
+            else:
+                raise InvalidRequest("'from' must be 'earliest', an offset or {'timestamp_ms': n}")
+            begin = min(max(wanted, s.min_offset), s.next_offset)
+            out[q] = (begin, max(0, min(s.min_offset, s.next_offset) - wanted))
+        return out
 
     async def apply_retention(self, now_ms: int) -> list[tuple[str, dict[int, int]]]:
         """One retention pass: ``(topic, {qid: new min_offset})`` for every trimmed topic."""

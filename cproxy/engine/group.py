@@ -214,7 +214,11 @@ class GroupEngine(Operations, QueueSet):
         self._in_flight[(message.topic, message.qid, message.offset)] = entry
         # ``tuple.__new__`` directly: a named tuple's own ``__new__`` is interpreted Python,
         # ~190 ns more per delivered message even from compiled code.
-        out.append(tuple.__new__(Delivery, (message, attempt, run, entry.body_json, entry.charged)))
+        out.append(
+            tuple.__new__(
+                Delivery, (message, attempt, run, entry.body_json, entry.charged, entry.replay)
+            )
+        )
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -374,7 +378,7 @@ class GroupEngine(Operations, QueueSet):
         """The entry is acked or dead-lettered: record it and move its chain on."""
         self._tally.move(entry, _OUT)
         message = entry.message
-        if entry.redriven:
+        if entry.redriven and not entry.replay:
             self._pending.redrive_done.append(message.ref)
         chain = entry.chain
         if chain is not None:

@@ -10,6 +10,7 @@ derived from state.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
@@ -24,7 +25,7 @@ from cproxy.engine.records import CommitBatch, Counters
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome, QueuePosition, TopicCounts
 from cproxy.engine.work import Entry, State, Tally
-from cproxy.errors import BlockedKeyNotFound, NotBlocked
+from cproxy.errors import BlockedKeyNotFound, NotBlocked, ReplayInProgress
 from cproxy.model import DeadLetter, Message, MessageRef, QueueRef
 
 _STATE_NAMES = {
@@ -95,7 +96,7 @@ class Operations:
         ]
         for entry in dropped:
             self._tally.move(entry, State.OUT)
-            if entry.redriven:
+            if entry.redriven and not entry.replay:
                 self._pending.redrive_done.append(entry.message.ref)
         for qid, offset in targets.items():
             # What is read again may have been handed out: numbered above all so far.
@@ -127,6 +128,57 @@ class Operations:
             self._seq.admit(entry, self._order_value(message), force=True)
             count += 1
         return count
+
+    def replay_bounds(self, topic: str) -> dict[int, int]:
+        """Per queue of ``topic`` this engine serves: the offset below which a message may
+        be finished (the fetch position; nothing at or above it is)."""
+        return {c.qid: c.fetch_offset for c in self._reader.cursors() if c.topic == topic}
+
+    def replaying(self, topic: str | None = None, value: str | None = None) -> int:
+        """Replayed messages still to deliver (of ``topic`` and ``value`` when given)."""
+        count = 0
+        for chain in self._seq.chains():
+            if (topic is not None and chain.topic != topic) or (
+                value is not None and chain.value != value
+            ):
+                continue
+            for entry in (chain.head, *chain.run, *chain.waiting):
+                if entry is not None and entry.replay:
+                    count += 1
+        return count
+
+    def replay(self, topic: str, value: str, found: Sequence[Sequence[Message]]) -> int:
+        """Deliver the order value's finished messages again; returns how many.
+
+        ``found`` holds, per queue in offset order, the messages of ``value`` read from the
+        store (a range below ``replay_bounds``). Those the group has finished are delivered
+        again, marked as replayed, in offset order per queue (queues merged by produce
+        time): after the value's message now handed out (if any), before its next
+        unfinished one. Committed offsets and other values are untouched; each replayed
+        message has a fresh budget of charged deliveries and, out of it, is dead-lettered
+        as any other. Raises ``ReplayInProgress`` while an earlier replay of the value
+        still delivers.
+        """
+        if self.replaying(topic, value):
+            raise ReplayInProgress(
+                f"order value {value!r} of topic {topic!r} is still being replayed"
+            )
+        base = self._max_issued
+        entries: list[Entry] = []
+        merged = heapq.merge(*found, key=lambda m: m.produced_at_ms)
+        for message in merged:
+            if self._order_value(message) != value or not self._is_finished(message):
+                continue
+            entry = self._reader.screen_again(message)
+            if entry is None:
+                continue  # the group's filter leaves it out: it was never delivered
+            entry.redriven = True
+            entry.replay = True
+            entry.attempt = base
+            entries.append(entry)
+        if entries:
+            self._seq.replay(topic, value, entries)
+        return len(entries)
 
     def blocked_keys(self, topic: str | None = None) -> list[BlockedKey]:
         """Order values whose head is in flight, retrying or exhausted, longest-blocked first."""
@@ -261,6 +313,7 @@ class Operations:
             delayed=tally.count(State.DELAYED)
             + self._seq.sleeping()
             + self._reader.delayed_released(),
+            replaying=self.replaying(),
         )
 
     def release_uncharged(

@@ -118,6 +118,11 @@ class Reader(ReadBack):
     def cursors(self) -> Iterator[QueueCursor]:
         return iter(self._cursors.values())
 
+    def screen_again(self, message: Message) -> Entry | None:
+        """The entry to hold for a message delivered again (a replay): None when the
+        group's filter leaves it out; the group's transform applied."""
+        return self._screen(message, False)
+
     def add_queue(
         self, ref: QueueRef, progress: QueueProgress, end_offset: int, reread_base: int
     ) -> None:

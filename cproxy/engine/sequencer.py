@@ -293,11 +293,15 @@ class Sequencer:
                 if self._tally.held <= until_held:
                     break
                 continue
+            kept: deque[Entry] = deque()
             for entry in chain.waiting:
+                if entry.redriven:  # finished already: cannot be read back, stays held
+                    kept.append(entry)
+                    continue
                 chain.note_parked(entry.message.qid, entry.message.offset)
                 chain.attempt_floor = max(chain.attempt_floor, entry.attempt)
                 self._tally.move(entry, State.OUT)
-            chain.waiting = NO_ENTRIES
+            chain.waiting = kept if kept else NO_ENTRIES
             if self._tally.held <= until_held:
                 break
 
@@ -337,6 +341,29 @@ class Sequencer:
         chain.note_parked(qid, offset)
 
     # -- operator views and actions ------------------------------------------------------------
+    def replay(self, topic: str, value: str, entries: list[Entry]) -> None:
+        """Replayed messages (finished before, in order) join the chain of ``value``: right
+        after its head when the head has been handed out (in flight with its run, retrying
+        or exhausted), else before it (a ready or delayed head, or none)."""
+        key = (topic, value)
+        chain = self._chains.get(key)
+        if chain is None:
+            chain = self._chains[key] = Chain(topic, value)
+        for entry in entries:
+            entry.chain = chain
+        head = chain.head
+        behind: list[Entry] = []
+        if head is None or head.state is _READY or head.state is _DELAYED:
+            first, entries = entries[0], entries[1:]
+            if head is not None:
+                behind.append(head)
+            chain.head = first
+            self._make_head(first, reactivated=True)
+        waiting = deque([*entries, *behind, *chain.waiting])
+        for entry in (*entries, *behind):
+            self._tally.move(entry, _WAITING)
+        chain.waiting = waiting if waiting else NO_ENTRIES
+
     def chains(self) -> Iterator[Chain]:
         return iter(self._chains.values())
 

@@ -26,6 +26,8 @@ class Delivery(NamedTuple):
     #: Charged deliveries before this one (fails and ack timeouts since the last fresh
     #: budget).
     charged: int = 0
+    #: Delivered again by a replay of its order value (it was finished before).
+    replay: bool = False
 
 
 class Outcome(NamedTuple):
@@ -101,6 +103,8 @@ class GroupStats:
     #: Delayed messages not due yet: held in memory, heading a sleeping chain (one per
     #: key), or released from memory (unordered; exact after each rescan).
     delayed: int = 0
+    #: Messages a replay of an order value still has to deliver (held in memory).
+    replaying: int = 0
 
 
 @dataclass(frozen=True, slots=True)

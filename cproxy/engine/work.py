@@ -86,6 +86,7 @@ class Entry:
         "last_error",
         "message",
         "redriven",
+        "replay",
         "state",
     )
 
@@ -109,8 +110,12 @@ class Entry:
         #: When a retrying or delayed entry becomes ready (ms).
         self.due_ms = 0
         self.last_error: str | None = None
-        #: Redriven dead letters are outside offset tracking (their offset is committed).
+        #: Redriven dead letters and replayed messages are outside offset tracking (they
+        #: were finished already).
         self.redriven = redriven
+        #: A finished message delivered again by a replay of its order value (delivered
+        #: with ``"replay": true``).
+        self.replay = False
         #: When the first delivery of this entry was handed out (ms); -1: not yet.
         self.blocked_since_ms = -1
         #: The body to deliver when the group transforms it (JSON); None: the stored body.
