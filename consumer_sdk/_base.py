@@ -330,6 +330,12 @@ class BaseClient:
     ) -> Call[dict[str, Any]]:
         return self._group("POST", group, "/seek", {"topic": topic, "qid": qid, "to": to})
 
+    def _replay(
+        self, group: str, topic: str, order_value: str, start: str | int | Mapping[str, int]
+    ) -> Call[dict[str, Any]]:
+        body = {"topic": topic, "order_value": order_value, "from": start}
+        return self._group("POST", group, "/replay", body)
+
     def _dead_letters(
         self, group: str, topic: str | None, limit: int | None
     ) -> Call[list[dict[str, Any]]]:

@@ -194,6 +194,14 @@ class Client(Closing, BaseClient):
         on one queue (``qid``) or all; returns ``{"topic", "offsets": [{"qid", "offset"}]}``."""
         return self._send(self._seek(group, topic, to, qid))
 
+    def replay(
+        self, group: str, topic: str, order_value: str, start: SeekTarget = "earliest"
+    ) -> dict[str, Any]:
+        """Deliver one order value's finished messages again, from ``start`` (``"earliest"``,
+        an offset or ``{"timestamp_ms": n}``), marked ``replay``; returns ``{"replaying",
+        "lost_to_retention"}``. 409 (``ClientError``) while the value still replays."""
+        return self._send(self._replay(group, topic, order_value, start))
+
     def dead_letters(
         self, group: str, *, topic: str | None = None, limit: int | None = None
     ) -> list[dict[str, Any]]:
@@ -371,6 +379,11 @@ class AsyncClient(AsyncClosing, BaseClient):
         self, group: str, topic: str, to: SeekTarget, qid: int | None = None
     ) -> dict[str, Any]:
         return await self._send(self._seek(group, topic, to, qid))
+
+    async def replay(
+        self, group: str, topic: str, order_value: str, start: SeekTarget = "earliest"
+    ) -> dict[str, Any]:
+        return await self._send(self._replay(group, topic, order_value, start))
 
     async def dead_letters(
         self, group: str, *, topic: str | None = None, limit: int | None = None

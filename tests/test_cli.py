@@ -192,6 +192,24 @@ def test_groups_create_seek_delete(
     assert cli(server, capsys, "groups", "list")["groups"] == []
 
 
+def test_groups_replay_redelivers_one_key(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t", "--queues", "1")
+    cli(server, capsys, "groups", "create", "g", "--topic", "t")
+    for body, key in (("a0", "a"), ("b0", "b"), ("a1", "a")):
+        cli(server, capsys, "produce", "t", json.dumps(body), "--key", key)
+    assert len(cli(server, capsys, "tail", "g", "--count", "3")) == 3
+    replayed = cli(server, capsys, "groups", "replay", "g", "--topic", "t", "--order-value", "a")
+    assert replayed == {"replaying": 2, "lost_to_retention": 0}
+    again = cli(server, capsys, "tail", "g", "--count", "2")
+    assert [m["body"] for m in again] == ["a0", "a1"]
+    later = cli(
+        server, capsys, "groups", "replay", "g", "--topic", "t", "--order-value", "a", "--from", "2"
+    )
+    assert later == {"replaying": 1, "lost_to_retention": 0}
+
+
 def test_groups_create_with_filter_transform_and_push(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -254,6 +272,8 @@ def test_blocked_keys_skip_release_and_dead_letters(
         (["topics", "create"], "the topic name is required"),
         (["groups", "create", "g"], "at least one --topic"),
         (["groups", "seek", "g", "--topic", "t"], "one of --to or --timestamp-ms"),
+        (["groups", "replay", "g", "--topic", "t"], "--order-value is required"),
+        (["groups", "replay", "g", "--order-value", "a"], "exactly one --topic"),
         (["blocked", "skip", "g", "--topic", "t"], "--order-value, or --qid and --offset"),
         (["produce", "t", "{not json"], "body is not valid JSON"),
         (["tail", "g", "--count", "0"], "must be >= 1"),

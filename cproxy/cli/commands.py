@@ -82,7 +82,7 @@ def produce(args: argparse.Namespace, client: Client) -> None:
 
 
 # -- groups -------------------------------------------------------------------------------------
-GROUP_ACTIONS = ("list", "show", "create", "delete", "seek")
+GROUP_ACTIONS = ("list", "show", "create", "delete", "seek", "replay")
 
 
 def groups(args: argparse.Namespace, client: Client) -> None:
@@ -102,6 +102,9 @@ def groups(args: argparse.Namespace, client: Client) -> None:
     elif action == "delete":
         client.delete_group(name)
         _print({"deleted": name})
+    elif action == "replay":
+        value = _need(args.order_value, "'groups replay': --order-value")
+        _print(client.replay(name, _one_topic(args), value, _replay_from(args)))
     else:
         _print(client.seek(name, _one_topic(args), _seek_target(args), args.qid))
 
@@ -150,7 +153,7 @@ def _push_config(args: argparse.Namespace) -> dict[str, Any] | None:
 
 def _one_topic(args: argparse.Namespace) -> str:
     if len(args.topic) != 1:
-        raise CommandError("'groups seek' needs exactly one --topic")
+        raise CommandError(f"'groups {args.action}' needs exactly one --topic")
     topic: str = args.topic[0]
     return topic
 
@@ -168,6 +171,22 @@ def _seek_target(args: argparse.Namespace) -> str | int | dict[str, int]:
         raise CommandError(f"--to wants earliest, latest or an offset, got {args.to!r}") from None
     if offset < 0:
         raise CommandError("--to: an offset is >= 0")
+    return offset
+
+
+def _replay_from(args: argparse.Namespace) -> str | int | dict[str, int]:
+    if args.timestamp_ms is not None:
+        return {"timestamp_ms": args.timestamp_ms}
+    if args.replay_from == "earliest":
+        return "earliest"
+    try:
+        offset = int(args.replay_from)
+    except ValueError:
+        raise CommandError(
+            f"--from wants earliest or an offset, got {args.replay_from!r}"
+        ) from None
+    if offset < 0:
+        raise CommandError("--from: an offset is >= 0")
     return offset
 
 

@@ -136,7 +136,7 @@ def _groups(sub: Commands) -> None:
     p = _add(
         sub,
         "groups",
-        "list, show, create, delete or seek consumer groups "
+        "list, show, create, delete, seek or replay consumer groups "
         "('cproxy groups NAME' is 'cproxy groups show NAME')",
     )
     _client_flags(p)
@@ -144,7 +144,7 @@ def _groups(sub: Commands) -> None:
         "action",
         nargs="?",
         default="list",
-        help="list | show | create | delete | seek (or a group name to show)",
+        help="list | show | create | delete | seek | replay (or a group name to show)",
     )
     p.add_argument("name", nargs="?", help="the group (required by every action but list)")
     p.add_argument(
@@ -153,7 +153,7 @@ def _groups(sub: Commands) -> None:
         default=[],
         metavar="TOPIC[=ORDER_BY]",
         help="create: a topic to read, repeatable; ORDER_BY is qid, key, none or a JSON path "
-        "(default: --order-by). seek: the one topic to move",
+        "(default: --order-by). seek: the one topic to move. replay: the one topic",
     )
     p.add_argument("--order-by", default="key", help="create: order of topics without =ORDER_BY")
     p.add_argument(
@@ -195,6 +195,13 @@ def _groups(sub: Commands) -> None:
         "--timestamp-ms", type=_int_at_least(0), help="seek: a Unix time in ms (default: use --to)"
     )
     p.add_argument("--qid", type=_int_at_least(0), help="seek: one queue (default: all)")
+    p.add_argument("--order-value", help="replay: the order value (a key, a JSON-path value)")
+    p.add_argument(
+        "--from",
+        dest="replay_from",
+        default="earliest",
+        help="replay: earliest or an offset (default: earliest; or use --timestamp-ms)",
+    )
 
 
 def _produce(sub: Commands) -> None:
