@@ -400,3 +400,53 @@ def test_delayed_messages_are_shown(page: ConsolePage, client: httpx.Client) -> 
     page.open()
     page.wait_stat("later-g", "delayed", "1")
     page.wait_stat("later-g", "ready", "1")
+
+
+def _drain(client: httpx.Client, group: str) -> list[dict[str, Any]]:
+    """Pull and ack (fenced) until nothing is left; every message handed out."""
+    seen: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
+    while True:
+        answer = client.post(
+            f"/v1/groups/{group}/pull",
+            json={"max_messages": 100, "wait_ms": 200, "results": results},
+        ).json()
+        if not answer["messages"]:
+            return seen
+        seen += answer["messages"]
+        results = [
+            {
+                "topic": m["topic"],
+                "qid": m["qid"],
+                "acks": [{"offset": m["offset"], "attempt": m["attempt"]}],
+            }
+            for m in answer["messages"]
+        ]
+
+
+def test_replay_one_key_after_confirmation(page: ConsolePage, client: httpx.Client) -> None:
+    create_topic(client, "journal", queues=1)
+    put_group(client, "journal-g", {"journal": "key"})
+    produce(
+        client,
+        "journal",
+        [{"key": k, "body": {"entry": k + n}} for k, n in (("a", "0"), ("b", "0"), ("a", "1"))],
+    )
+    assert len(_drain(client, "journal-g")) == 3
+    page.open()
+    # An empty value is refused in the dialog, and nothing is replayed.
+    page.click(f'{page.group("journal-g")} button[data-action="replay"]')
+    page.wait(lambda: page.visible("#replay-value"), "the replay form")
+    page.click("#confirm-ok")
+    page.wait(lambda: "enter the order value" in page.dialog_error(), "the form error")
+    page.click("#confirm-cancel")
+    assert group_stats(client, "journal-g")["replaying"] == 0
+    page.click(f'{page.group("journal-g")} button[data-action="replay"]')
+    page.wait(lambda: page.visible("#replay-value"), "the replay form")
+    page.driver.find_element(By.ID, "replay-value").send_keys("a")
+    page.confirm()
+    page.wait(lambda: "Replaying 2 messages of a" in page.text("#notice"), "the notice")
+    page.wait_stat("journal-g", "replaying", "2")
+    again = _drain(client, "journal-g")
+    assert [(m["body"]["entry"], m.get("replay")) for m in again] == [("a0", True), ("a1", True)]
+    assert group_stats(client, "journal-g")["queues"][0]["committed_offset"] == 3

@@ -237,7 +237,35 @@ const ACTIONS = {
     });
   },
   seek: (d) => seekDialog(d.group),
+  replay: (d) => replayDialog(d.group),
 };
+
+/** Replay one order value: its finished messages are delivered again, in order. */
+function replayDialog(group) {
+  const g = state.groups.get(group);
+  const ordered = Object.entries(g.config.topics).filter(([, t]) => t.order_by !== "qid" && t.order_by !== "none");
+  const topic = h("select", { id: "replay-topic" }, ordered.map(([t, c]) => h("option", { value: t }, `${t} (by ${c.order_by})`)));
+  const value = h("input", { id: "replay-value", type: "text", placeholder: "order value, e.g. order-7" });
+  const offset = h("input", { id: "replay-offset", type: "number", min: 0, step: 1, placeholder: "offset" });
+  const choice = (v, label, input) => h("label", { class: "choice" },
+    h("input", { type: "radio", name: "replay-from", value: v, checked: v === "earliest" }), ` ${label} `, input);
+  confirmAction(`Replay one order value of ${group}`, [
+    h("div", { class: "form" }, h("label", {}, "topic ", topic), h("label", {}, "value ", value)),
+    h("div", { class: "form" }, choice("earliest", "from the earliest"), choice("offset", "from offset", offset)),
+    h("p", { class: "hint" }, `Group ${group} receives this value's finished messages again, in order, marked "replay"; its other values and its committed offsets are not touched.`),
+  ], "Replay", async () => {
+    if (!topic.value) throw new Error("no topic of this group has order values (qid and none: use seek)");
+    if (value.value === "") throw new Error("enter the order value");
+    let from = "earliest";
+    if (document.querySelector("input[name=replay-from]:checked").value === "offset") {
+      if (offset.value === "" || !(Number(offset.value) >= 0)) throw new Error("enter an offset (0 or more)");
+      from = Number(offset.value);
+    }
+    const r = await api("POST", ["v1", "groups", group, "replay"], { body: { topic: topic.value, order_value: value.value, from } });
+    const lost = r.lost_to_retention ? ` (${r.lost_to_retention} of the range already deleted by retention)` : "";
+    return `Replaying ${r.replaying} message${r.replaying === 1 ? "" : "s"} of ${value.value} in ${group}${lost}.`;
+  });
+}
 
 function seekDialog(group) {
   const g = state.groups.get(group);

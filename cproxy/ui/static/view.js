@@ -136,6 +136,7 @@ function groupCard(g, now) {
     h("span", { class: "spacer" }),
     g.stats ? [
       button("seek", "Seek…", { group: g.name }),
+      button("replay", "Replay a key…", { group: g.name }),
       g.stats.dead_lettered > 0 ? button("redrive", `Redrive ${num(g.stats.dead_lettered)} dead letter${g.stats.dead_lettered === 1 ? "" : "s"}`, { group: g.name }, "danger") : null,
     ] : null);
   const card = h("article", { class: `group ${level}`, dataset: { group: g.name, trouble: level !== "ok" } }, head);
@@ -155,6 +156,7 @@ function groupCard(g, now) {
     stat("dead_lettered", "dead letters", num(s.dead_lettered), null, s.dead_lettered > 0 ? "bad" : ""),
     "filtered" in s ? stat("filtered", "filtered", num(s.filtered)) : null,
     "delayed" in s ? stat("delayed", "delayed", num(s.delayed)) : null,
+    s.replaying ? stat("replaying", "replaying", num(s.replaying)) : null,
     "lost_to_retention" in s ? stat("lost_to_retention", "lost to retention", num(s.lost_to_retention), null, s.lost_to_retention > 0 ? "bad" : "") : null));
   const queues = s.queues.map((q) => h("tr", { dataset: { topic: q.topic, qid: q.qid } },
     h("td", {}, q.topic), h("td", { class: "num" }, q.qid), h("td", { class: "num", dataset: { col: "committed" } }, num(q.committed_offset)),
