@@ -37,6 +37,8 @@ class Message:
     #: same-key run this message belongs to (messages of one run are handled in order).
     run: int | None = None
     charged_attempts: int = 0
+    #: Delivered again by a replay of its order value (``POST /v1/groups/{g}/replay``).
+    replay: bool = False
 
     @property
     def ref(self) -> MessageRef:
@@ -61,9 +63,20 @@ class Message:
 _new = object.__new__
 # Slot descriptors set fields without the frozen-dataclass __init__, whose per-field
 # object.__setattr__ calls cost several microseconds per message on the pull path.
-(_topic, _qid, _offset, _key, _body, _headers, _attempt, _produced, _server, _run, _charged) = (
-    Message.__dict__[name].__set__ for name in Message.__dataclass_fields__
-)
+(
+    _topic,
+    _qid,
+    _offset,
+    _key,
+    _body,
+    _headers,
+    _attempt,
+    _produced,
+    _server,
+    _run,
+    _charged,
+    _replay,
+) = (Message.__dict__[name].__set__ for name in Message.__dataclass_fields__)
 
 
 def message_from_wire(m: Mapping[str, Any], server: str) -> Message:
@@ -80,6 +93,7 @@ def message_from_wire(m: Mapping[str, Any], server: str) -> Message:
     _server(msg, server)
     _run(msg, m.get("run"))
     _charged(msg, m.get("charged_attempts", 0))
+    _replay(msg, m.get("replay", False))
     return msg
 
 
