@@ -140,6 +140,12 @@ class Authorizer:
             assert token is not None
             raise Forbidden(f"token {token.name!r} is not allowed on topic(s) {outside}")
 
+    @staticmethod
+    def may_push_anywhere(token: Token | None) -> bool:
+        """Whether ``token`` may set a push URL outside ``[push] allowed_urls`` (admin
+        only; anyone when auth is off)."""
+        return token is None or token.role == "admin"
+
     # -- listings: the same rule, item by item -----------------------------------------------------
     def topic_scope(self, token: Token | None) -> frozenset[str] | None:
         """The topics whose messages ``token`` may see, or None for any topic."""
