@@ -107,7 +107,7 @@ def group_calls(group: str) -> list[tuple[str, Call]]:
     return [
         ("group-get", Call("GET", base)),
         ("pull", Call("POST", f"{base}/pull", {"wait_ms": 0})),
-        ("ack", Call("POST", f"{base}/ack", {"results": [{**REF, "acks": [0]}]})),
+        ("ack", Call("POST", f"{base}/ack", {"results": [{"topic": "a", "qid": 0, "acks": [0]}]})),
         ("extend", Call("POST", f"{base}/extend", {"messages": [REF]})),
         ("seek", Call("POST", f"{base}/seek", {"topic": "a", "to": "earliest"})),
         ("dead-letters", Call("GET", f"{base}/dead-letters")),
