@@ -228,7 +228,7 @@ class Endpoint:
                 try:
                     body = self._decoder.decode(raw)
                 except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-                    raise errors.bad_body(raw, exc) from None
+                    raise errors.bad_body(exc, raw) from None
         query: Any = None
         if self.query is not None:
             query = _query(self.query, exchange.query_string)
@@ -242,7 +242,7 @@ def _query(kind: type[msgspec.Struct], query_string: bytes) -> Any:
     try:
         return msgspec.convert(pairs, kind, strict=False)
     except msgspec.ValidationError as exc:
-        raise BadBody(422, "validation_error", f"query.{errors.describe(exc)}") from None
+        raise errors.bad_body(exc, None) from None
 
 
 class _Asgi:

@@ -127,17 +127,20 @@ def not_json(raw: bytes) -> BadBody:
     return BadBody(400, "invalid_json", "the request body is not valid JSON")
 
 
-def bad_body(raw: bytes, exc: Exception) -> BadBody:
-    """The answer to a body ``raw`` that a decoder refused with ``exc``. msgspec stops at
-    the first wrong field, possibly before bytes that are not JSON at all: the body is parsed
-    once more (only on this error path) so that those stay a 400."""
+def bad_body(exc: Exception, raw: bytes | None) -> BadBody:
+    """The answer to a request a decoder refused with ``exc``: its body ``raw``, or its query
+    string (``raw`` None). msgspec stops at the first wrong field, possibly before bytes that
+    are not JSON at all: the body is parsed once more (only on this error path) so that those
+    stay a 400."""
     if isinstance(exc, msgspec.ValidationError):
+        if raw is None:
+            return BadBody(422, "validation_error", f"query.{describe(exc)}")
         try:
             orjson.loads(raw)
         except orjson.JSONDecodeError:
             return not_json(raw)
         return BadBody(422, "validation_error", describe(exc))
-    return not_json(raw)
+    return not_json(raw or b"")
 
 
 # -- what FastAPI answers itself (unknown paths, other methods, /openapi.json failing) -----------
