@@ -46,9 +46,9 @@ _DESCRIPTIONS = {
 
 def _errors(endpoint: Endpoint) -> set[int]:
     """The error statuses ``endpoint`` may answer: those of its prologue and its own."""
-    found = set(endpoint.errors)
+    found = {*endpoint.errors, 413}  # a declared Content-Length over the limit: any route
     if endpoint.action is not None:
-        found |= {401, 403, 413, 503}
+        found |= {401, 403, 503}
     if endpoint.body is not None:
         found |= {400, 413, 415, 422}
     if endpoint.query is not None:

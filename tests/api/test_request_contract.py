@@ -147,6 +147,14 @@ def test_two_authorization_headers_are_401(client: httpx.Client, name: str, mix:
     assert "more than one Authorization header" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("name", WITH_BODY)
+def test_two_authorization_headers_are_401_before_the_body_is_read(
+    client: httpx.Client, name: str
+) -> None:
+    headers = [*TWO_HEADERS["unknown-then-admin"], ("Content-Type", "application/json")]
+    _unauthorized(send(client, ROUTES[name], headers, content=b"{nope"))
+
+
 @pytest.mark.parametrize("name", SCOPED)
 def test_a_topic_or_group_outside_the_scope_is_403(client: httpx.Client, name: str) -> None:
     route = ROUTES[name]
