@@ -304,7 +304,10 @@ def route(endpoint: Endpoint) -> Route:
 class RouteTable:
     """The endpoints of a router, for a protocol that looks a request up without an ASGI
     scope (``lean_http``): the router's own routes and path patterns, in its order, so the
-    answer is the router's."""
+    answer is the router's. Recent answers are remembered (a few topics and groups take
+    nearly all calls), so a hot call costs a dict lookup, not a regex per route."""
+
+    _REMEMBERED = 4096
 
     def __init__(self, routes: Iterable[Any]) -> None:
         self._by_method: dict[str, list[tuple[Pattern[str], Endpoint]]] = {}
@@ -313,10 +316,25 @@ class RouteTable:
             if isinstance(endpoint, Endpoint) and isinstance(entry, Route):
                 pair = (entry.path_regex, endpoint)
                 self._by_method.setdefault(endpoint.method, []).append(pair)
+        self._seen: dict[tuple[bytes, str], tuple[Endpoint, dict[str, str]] | None] = {}
 
-    def find(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+    def find(self, method: bytes, path: str) -> tuple[Endpoint, dict[str, str]] | None:
+        """The endpoint for ``method`` (as parsed) on ``path`` and its path parameters (a
+        copy: the caller may keep it)."""
+        key = (method, path)
+        try:
+            found = self._seen[key]
+        except KeyError:
+            if len(self._seen) >= self._REMEMBERED:
+                self._seen.clear()
+            found = self._seen[key] = self._search(method.decode("ascii"), path)
+        if found is None:
+            return None
+        return found[0], dict(found[1])
+
+    def _search(self, method: str, path: str) -> tuple[Endpoint, dict[str, str]] | None:
         for pattern, endpoint in self._by_method.get(method, ()):
-            found = pattern.match(path)
-            if found is not None:
-                return endpoint, found.groupdict()
+            match = pattern.match(path)
+            if match is not None:
+                return endpoint, match.groupdict()
         return None

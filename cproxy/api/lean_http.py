@@ -126,7 +126,7 @@ if HttpToolsProtocol is not None:
                 path = parsed.path.decode("ascii")
                 if "%" in path:
                     path = urllib.parse.unquote(path)
-                found = self.table.find(self.parser.get_method().decode("ascii"), path)
+                found = self.table.find(self.parser.get_method(), path)
                 if found is not None:
                     self._start_lean(path, parsed.query or b"", *found)
                     return
