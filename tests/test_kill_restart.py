@@ -82,10 +82,13 @@ def free_port() -> int:
 class ServerProcess:
     """``cproxy serve`` in a subprocess; restartable on the same data dir and port."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, extra_config: str = "") -> None:
+        """``extra_config``: more TOML for the config file (e.g. a ``[push]`` table)."""
         self.data_dir = root / "data"
         self.config = root / "cproxy.toml"
-        self.config.write_text(f"[server]\ncommit_interval_ms = {COMMIT_INTERVAL_MS}\n")
+        self.config.write_text(
+            f"[server]\ncommit_interval_ms = {COMMIT_INTERVAL_MS}\n{extra_config}"
+        )
         self.log_path = root / "server.log"
         self.port = 0
         self.url = ""

@@ -31,7 +31,7 @@ from cproxy.errors import InvalidRequest, TooLarge
 from cproxy.model import NewMessage
 
 from .bodies import OutMessage
-from .errors import BadBody
+from .errors import not_json
 
 _astuple: Final = msgspec.structs.astuple
 #: ``OutMessage``'s fields in declaration order, as ``new_messages`` unpacks them.
@@ -94,7 +94,7 @@ def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # msgspec took it as JSON, orjson does not (invalid UTF-8, 1e400): not JSON, as before.
-        raise BadBody(400, "invalid_json", "the request body is not valid JSON") from None
+        raise not_json(raw) from None
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
