@@ -219,8 +219,16 @@ class GroupRunner(QueueHooks, OperatorCalls):
             return 0
         served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
         if served:
-            self._kick_timer()  # new ack deadlines
+            self._handed_out()
         return served
+
+    def _handed_out(self) -> None:
+        """Deliveries went out: new ack deadlines, and maybe delivery numbers to reserve."""
+        self._kick_timer()
+        if self._engine.needs_reserve:
+            # Half the reserved delivery numbers are used: persist more now, so a crash
+            # cannot come before they are (docs/guarantees.md, fenced deliveries).
+            self._commit_kick.set()
 
     def _kick_timer(self) -> None:
         """Wake the timer task when a deadline now falls before its planned wake-up.
@@ -235,8 +243,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
     async def _committer(self) -> None:
         while True:
             self._commit_kick = anyio.Event()
-            with anyio.move_on_after(self.commit_interval_ms / 1000):
-                await self._commit_kick.wait()
+            if not self._engine.needs_reserve:  # (a kick for it may predate this event)
+                with anyio.move_on_after(self.commit_interval_ms / 1000):
+                    await self._commit_kick.wait()
             await self.commit()
 
     async def commit(self) -> None:
@@ -376,7 +385,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
             waiter = Waiter(max_messages, topics, max_per_key)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
-            self._kick_timer()
+            self._handed_out()
         return PullResult(deliveries, applied, unknown)
 
     def _give_back(self, deliveries: list[Delivery]) -> None:

@@ -72,6 +72,9 @@ class GroupEngine(Operations, QueueSet):
         self._max_issued = floor
         #: The delivery numbers reserved in the store (persisted with progress).
         self._ceiling = floor + ATTEMPT_RESERVE
+        #: Half the reserve is used: the driver should commit now (``take_commit`` reserves
+        #: more), not wait for its interval.
+        self.needs_reserve = False
         self._tally = Tally(topics)
         self._seq = Sequencer(topics, self._tally)
         self._counters = {topic: Counters() for topic in topics}
@@ -204,8 +207,10 @@ class GroupEngine(Operations, QueueSet):
     ) -> None:
         """Hand ``entry`` out (into ``out``); the caller pushes ``sent`` on the timeouts heap."""
         attempt = entry.attempt = entry.attempt + 1
-        if attempt > self._max_issued:  # noqa: PLR1730 (compiled, a compare beats max())
+        if attempt > self._max_issued:  # rare: a new highest number
             self._max_issued = attempt
+            if attempt + ATTEMPT_RESERVE // 2 > self._ceiling:
+                self.needs_reserve = True
         self._tally.move(entry, _IN_FLIGHT)
         entry.deadline_ms = deadline_ms
         if entry.blocked_since_ms < 0:
@@ -401,6 +406,7 @@ class GroupEngine(Operations, QueueSet):
             # Reserve more delivery numbers before the reserve runs out: every queue's
             # progress changes, so this commit persists the new ceiling everywhere.
             self._ceiling = self._max_issued + ATTEMPT_RESERVE
+        self.needs_reserve = False
         for ref, p in self.progress().items():
             if self._persisted.get(ref) != p:
                 batch.progress[ref] = self._persisted[ref] = p

@@ -34,9 +34,10 @@ if TYPE_CHECKING:
 #: Delivery numbers a group reserves ahead in the store (``QueueProgress.attempt_ceiling``):
 #: every number it hands out stays at or below the persisted ceiling, so after a restart or a
 #: change of owner numbering resumes above it and a late result from before cannot match a
-#: delivery after. The ceiling moves up with a commit when half the reserve is used; only a
-#: message handed out more than half this many times within one commit interval could pass
-#: it (docs/guarantees.md, fenced deliveries).
+#: delivery after. When half the reserve is used the engine asks for a commit at once
+#: (``GroupEngine.needs_reserve``), which moves the ceiling up; only a message handed out more
+#: than half this many times before that commit is written could pass it
+#: (docs/guarantees.md, fenced deliveries).
 ATTEMPT_RESERVE: Final = 1000
 
 

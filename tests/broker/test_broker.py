@@ -273,3 +273,32 @@ async def test_a_short_ack_timeout_is_kept_while_the_timer_sleeps() -> None:
             d.message.offset for d in first.deliveries
         ]
         assert time.monotonic() - started < 0.7
+
+
+async def test_delivery_numbers_are_reserved_at_once_when_half_the_reserve_is_used() -> None:
+    # The commit interval is far off: only the reserve running low can make the runner
+    # persist a higher ceiling now (docs/guarantees.md, fenced deliveries).
+    from cproxy.engine.work import ATTEMPT_RESERVE
+
+    store = MemoryStore()
+    async with running(store, replace(Settings(), commit_interval_ms=600_000)) as broker:
+        await broker.create_topic("t", 1)
+        await broker.put_group("g", config(max_attempts=1000, retry_backoff_ms=[0]))
+        await broker.produce("t", items("a"))
+        await anyio.sleep(0.05)  # the committer is waiting on its (10 min) interval now
+        results: list[Result] = []
+        attempt = 0
+        while attempt <= ATTEMPT_RESERVE // 2:
+            (d,) = (await broker.pull("g", 1, 1000, None, results)).deliveries
+            assert d.attempt == attempt + 1
+            attempt = d.attempt
+            results = [Result("t", 0, fails=[(0, "again")], attempts={0: d.attempt})]
+
+        async def ceiling() -> int:
+            return (await store.load_progress("g"))[("t", 0)].attempt_ceiling
+
+        deadline = time.monotonic() + 5
+        while await ceiling() <= ATTEMPT_RESERVE:
+            assert time.monotonic() < deadline, "the new reserve was not persisted"
+            await anyio.sleep(0.01)
+        assert await ceiling() >= attempt + ATTEMPT_RESERVE

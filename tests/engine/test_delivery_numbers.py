@@ -141,10 +141,15 @@ def test_the_reserve_moves_up_before_it_runs_out() -> None:
     h = Harness()
     h.produce("a")
     ceiling = h.engine.take_commit().progress[("t", 0)].attempt_ceiling
-    for _ in range(ATTEMPT_RESERVE // 2 + 1):
+    for _ in range(ATTEMPT_RESERVE // 2):
         (d,) = h.pull()
         h.engine.release_uncharged([d.message.ref])
+    assert not h.engine.needs_reserve
+    (d,) = h.pull()  # half the reserve used: the driver is asked to commit now
+    h.engine.release_uncharged([d.message.ref])
+    assert h.engine.needs_reserve
     progress = h.engine.take_commit().progress[("t", 0)]
+    assert not h.engine.needs_reserve
     assert progress.attempt_ceiling == d.attempt + ATTEMPT_RESERVE > ceiling
     h.new_engine({("t", 0): progress})
     assert [x.attempt for x in h.pull()] == [progress.attempt_ceiling + 1]
