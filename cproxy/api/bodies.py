@@ -89,6 +89,8 @@ class Pull(_Strict):
     results: list[QueueResults] = []
     #: Up to this many consecutive messages of one order value per answer (a same-key run).
     max_per_key: Annotated[int, msgspec.Meta(ge=1)] = 1
+    #: Who pulls (the SDK sends host, pid and a name); group stats list consumers by it.
+    consumer: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
 class Ack(_Strict):

@@ -21,7 +21,7 @@ from . import wire
 from .auth import Authorizer, require
 from .deps import BrokerDep
 from .routing import CproxyRoute
-from .schemas import BlockedKeyAction, Extend, Redrive, Seek
+from .schemas import BlockedKeyAction, DeleteDeadLetters, Extend, Redrive, Seek
 
 router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
 UseGroup = Depends(require("use_group"))
@@ -121,14 +121,32 @@ async def redrive(
     body: Annotated[Redrive | None, Body()] = None,
 ) -> Response:
     topic = body.topic if body else None
-    within = _scoped(request, token, topic).topic_scope(token)
-    count = await broker.redrive(group, topic, within)
+    named = None if body is None or body.messages is None else body.messages
+    within = _scoped(request, token, topic, *(m.topic for m in named or ())).topic_scope(token)
+    refs = None if named is None else [(m.topic, m.qid, m.offset) for m in named]
+    count = await broker.redrive(group, topic, within, refs)
     return wire.json_response({"redriven": count})
+
+
+@router.delete("/{group}/dead-letters", summary="Delete the named dead letters, or a topic's")
+async def delete_dead_letters(
+    group: str,
+    request: Request,
+    broker: BrokerDep,
+    token: GroupToken,
+    topic: str | None = None,
+    body: Annotated[DeleteDeadLetters | None, Body()] = None,
+) -> Response:
+    named = [] if body is None else body.messages
+    within = _scoped(request, token, topic, *(m.topic for m in named)).topic_scope(token)
+    refs = None if body is None else [(m.topic, m.qid, m.offset) for m in named]
+    count = await broker.delete_dead_letters(group, topic, refs, within)
+    return wire.json_response({"deleted": count})
 
 
 @router.get(
     "/{group}/blocked-keys",
-    summary="Order values whose head is not acked yet",
+    summary="Stuck order values (failed, exhausted, or in flight past stuck_after_ms)",
 )
 async def blocked_keys(
     group: str,

@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cproxy.broker import Broker, WatchGone, watch_with_task
+from cproxy.broker import Broker, watch_with_task
 from cproxy.config import Limits
 from cproxy.errors import CproxyError, TooLarge
 from cproxy.tokens import Token
@@ -48,9 +48,9 @@ logger = logging.getLogger(__name__)
 
 B = TypeVar("B", bound=msgspec.Struct)
 
-#: ``(app state, path parameters, token, decoded body, body bytes, watch_gone) -> JSON answer
-#: bytes``; ``watch_gone`` tells a long poll that its client has gone (``Exchange``).
-Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, WatchGone], Awaitable[bytes]]
+#: ``(app state, path parameters, token, decoded body, body bytes, request) -> JSON answer
+#: bytes``; the request (``Exchange``) tells a long poll that its client has gone, and who it is.
+Handler = Callable[[Any, dict[str, str], Token | None, B, bytes, "Exchange"], Awaitable[bytes]]
 #: ``(status, headers, body)``: a whole answer; the headers include ``content-length``.
 Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
 
@@ -136,7 +136,7 @@ class LeanEndpoint(Generic[B]):
         if problem is not None:
             raise problem
         assert body is not None
-        return await self.handler(state, params, token, body, raw, request.watch_gone)
+        return await self.handler(state, params, token, body, raw, request)
 
 
 def _reply(response: Response) -> Reply:
@@ -165,6 +165,10 @@ class Exchange(Protocol):
     def watch_gone(self, leave: Callable[[], None]) -> Callable[[], object]:
         """Have ``leave()`` called once the client has gone (only after the body was
         read); returns a function that stops watching (``cproxy.broker.waiters.WatchGone``)."""
+
+    @property
+    def peer(self) -> str | None:
+        """The client's address (host), if known: names a consumer that sent no id."""
 
 
 class _Asgi:
@@ -207,6 +211,11 @@ class _Asgi:
         # ASGI says "gone" only to ``receive``: a task waits on it while a pull waits.
         return watch_with_task(self._gone)(leave)
 
+    @property
+    def peer(self) -> str | None:
+        client = self._scope.get("client")
+        return str(client[0]) if client else None
+
     async def _gone(self) -> None:
         # The body was read: the next message is the end.
         while (await self._receive())["type"] != "http.disconnect":
@@ -238,7 +247,7 @@ async def _produce(
     token: Token | None,
     body: Produce,
     raw: bytes,
-    watch_gone: WatchGone,
+    request: Exchange,
 ) -> bytes:
     limits: Limits = state.settings.limits
     if len(body.messages) > limits.max_messages_per_call:
@@ -258,7 +267,7 @@ async def _pull(
     token: Token | None,
     body: Pull,
     raw: bytes,
-    watch_gone: WatchGone,
+    request: Exchange,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [*(body.topics or ()), *(r.topic for r in body.results)])
@@ -270,7 +279,8 @@ async def _pull(
         body.topics,
         items.results(body.results),
         body.max_per_key,
-        gone=watch_gone,
+        gone=request.watch_gone,
+        consumer=body.consumer or request.peer,
     )
     return wire.pull_answer(answer, runs=body.max_per_key > 1)
 
@@ -281,7 +291,7 @@ async def _ack(
     token: Token | None,
     body: Ack,
     raw: bytes,
-    watch_gone: WatchGone,
+    request: Exchange,
 ) -> bytes:
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])

@@ -41,6 +41,7 @@ ROUTES: dict[tuple[str, str], tuple[dict[int, type[BaseModel]], tuple[int, ...]]
     ("delete", "/v1/topics/{topic}"): ({200: m.Deleted}, (404, 409)),
     ("get", "/v1/topics/{topic}"): ({200: m.TopicDetail}, (404,)),
     ("post", "/v1/topics/{topic}/messages"): ({200: m.ProduceResults}, (404,)),
+    ("get", "/v1/topics/{topic}/messages"): ({200: m.BrowseAnswer}, (404,)),
     ("get", "/v1/groups"): ({200: m.GroupList}, ()),
     ("put", "/v1/groups/{group}"): ({200: m.GroupConfigOut}, (404,)),
     ("get", "/v1/groups/{group}"): ({200: m.GroupOut}, (404,)),
@@ -51,6 +52,7 @@ ROUTES: dict[tuple[str, str], tuple[dict[int, type[BaseModel]], tuple[int, ...]]
     ("post", "/v1/groups/{group}/seek"): ({200: m.SeekAnswer}, (404,)),
     ("get", "/v1/groups/{group}/dead-letters"): ({200: m.DeadLetterList}, (404,)),
     ("post", "/v1/groups/{group}/dead-letters/redrive"): ({200: m.Redriven}, (404,)),
+    ("delete", "/v1/groups/{group}/dead-letters"): ({200: m.DeadLettersDeleted}, (404,)),
     ("get", "/v1/groups/{group}/blocked-keys"): ({200: m.BlockedKeyList}, (404,)),
     ("post", "/v1/groups/{group}/blocked-keys/skip"): ({200: m.Skipped}, (404, 409)),
     ("post", "/v1/groups/{group}/blocked-keys/release"): ({200: m.Released}, (404, 409)),
@@ -151,6 +153,13 @@ def build(app: FastAPI) -> dict[str, Any]:
                         },
                     )
             operation["responses"] = responses
+    # Every /v1 call takes a bearer token when tokens are configured: /docs shows an
+    # Authorize button for it (``/healthz``, ``/readyz`` and ``/metrics`` need none).
+    spec["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, operations in spec["paths"].items():
+        if path.startswith("/v1/"):
+            for operation in operations.values():
+                operation["security"] = [{"bearer": []}]
     put_group = spec["paths"].get("/v1/groups/{group}", {}).get("put")
     if put_group is not None:
         put_group["requestBody"] = {

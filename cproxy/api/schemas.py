@@ -85,5 +85,18 @@ class BlockedKeyAction(_Strict):
     offset: NonNegative | None = None
 
 
+class DeadLetterRef(_Strict):
+    topic: StrictStr
+    qid: NonNegative
+    offset: NonNegative
+
+
 class Redrive(_Strict):
+    """All dead letters (of ``topic``), or just the named ``messages``."""
+
     topic: StrictStr | None = None
+    messages: list[DeadLetterRef] | None = None
+
+
+class DeleteDeadLetters(_Strict):
+    messages: Annotated[list[DeadLetterRef], Field(min_length=1)]

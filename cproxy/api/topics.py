@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
 from cproxy.tokens import Token
@@ -73,3 +73,21 @@ async def list_topics(
 async def get_topic(topic: str, broker: BrokerDep) -> Response:
     info = broker.topic(topic)
     return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
+
+
+@router.get(
+    "/{topic}/messages",
+    summary="Read stored messages without any group (no attempt, no hold)",
+    dependencies=[Depends(require("read_topics"))],
+)
+async def browse(
+    topic: str,
+    broker: BrokerDep,
+    qid: Annotated[int | None, Query(ge=0, le=1023)] = None,
+    from_offset: Annotated[int | None, Query(alias="from", ge=0, le=2**63 - 1)] = None,
+    from_ms: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None,
+    last: Annotated[int | None, Query(ge=1, le=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 50,
+) -> Response:
+    found = await broker.browse(topic, qid, from_offset, from_ms, last, limit)
+    return wire.json_response(wire.browsed(topic, *found))
