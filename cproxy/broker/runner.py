@@ -118,6 +118,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms)
         runner.cluster = queues is not None
+        # The rates' first sample: work done before the timer's first second counts too.
+        runner.activity.sample(now_ms(), *engine.delivered_and_acked())
         redriving = await store.load_redriving(name)
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)
             redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]

@@ -297,6 +297,13 @@ GROUP_CASES = [
             ("on_exhausted", "retry", "retry"),
             ("max_buffered", "zero", 0),
             ("max_buffered", "too-big", 10_000_001),
+            ("stuck_after_ms", "zero", 0),
+            ("stuck_after_ms", "too-big", 86_400_001),
+            ("stuck_after_ms", "string", "60000"),
+            ("stuck_after_ms", "null", None),
+            ("dead_letter_retention_ms", "zero", 0),
+            ("dead_letter_retention_ms", "float", 1.5),
+            ("dead_letter_retention_ms", "bool", True),
             ("partitions", "extra-field", 3),
         ]
     ],
