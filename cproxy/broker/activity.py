@@ -46,9 +46,7 @@ class Activity:
 
     def consumers(self, now_ms: int, in_flight: dict[str | None, int]) -> list[ConsumerSeen]:
         """Consumers seen in the last ``CONSUMER_WINDOW_MS`` (older ones are forgotten)."""
-        cutoff = now_ms - CONSUMER_WINDOW_MS
-        for gone in [c for c, at in self._seen.items() if at < cutoff]:
-            del self._seen[gone]
+        self._forget(now_ms)
         return [
             ConsumerSeen(c, max(0, now_ms - at), in_flight.get(c, 0))
             for c, at in sorted(self._seen.items())
@@ -58,6 +56,13 @@ class Activity:
         """Record the running totals at ``now_ms`` (the last sample of a second wins)."""
         second = now_ms // 1000
         self._ring[second % len(self._ring)] = (second, delivered, acked)
+        if second % 60 == 0:  # also when nobody reads the stats: memory stays bounded
+            self._forget(now_ms)
+
+    def _forget(self, now_ms: int) -> None:
+        cutoff = now_ms - CONSUMER_WINDOW_MS
+        for gone in [c for c, at in self._seen.items() if at < cutoff]:
+            del self._seen[gone]
 
     def rates(self, now_ms: int) -> tuple[float, float]:
         """``(delivered_per_s, acked_per_s)`` over the last ``RATE_WINDOW_S`` seconds."""

@@ -87,7 +87,7 @@ def test_docs_and_openapi_are_served(server: RunningServer) -> None:
         expected = {
             "/v1/topics": {"get", "post"},
             "/v1/topics/{topic}": {"get"},
-            "/v1/topics/{topic}/messages": {"post"},
+            "/v1/topics/{topic}/messages": {"get", "post"},
             "/v1/groups/{group}": {"get", "put", "delete"},
             "/v1/groups/{group}/pull": {"post"},
             "/v1/groups/{group}/ack": {"post"},
@@ -193,6 +193,15 @@ def test_group_config_and_stats(four_messages: RunningServer) -> None:
             "blocked_keys": 0,  # two heads being handled: in flight, not stuck
             "in_flight_keys": 2,
         }
+        values = samples(client)
+        group = frozenset({("group", "g")})
+        assert (
+            values[("cproxy_blocked_keys", group)],
+            values[("cproxy_in_flight_keys", group)],
+        ) == (
+            0,
+            2,
+        )
 
         # Ack k@0, fail j@3 (one attempt allowed: dead-lettered).
         results = [{"topic": "t", "qid": 0, "acks": [0], "fails": [{"offset": 3, "error": "boom"}]}]

@@ -34,3 +34,12 @@ def test_rates_span_the_samples_of_the_last_minute() -> None:
         activity.sample(T0 + second * 1000, 130 + 6 * (second - 2), 75)
     delivered, acked = activity.rates(T0 + 69_000)
     assert delivered == 6.0 and acked == 0.0  # the old samples have left the window
+
+
+def test_consumers_gone_for_five_minutes_are_forgotten_without_a_stats_call() -> None:
+    activity = Activity()
+    activity.pulled("w1", T0)
+    later = T0 + CONSUMER_WINDOW_MS + 60_000
+    activity.sample(later - later % 60_000, 0, 0)  # a sample on a whole minute prunes
+    # Asked as of a time when w1 would still count: it was forgotten by the sample already.
+    assert activity.consumers(T0 + 1000, {}) == [] and activity.last_pull_ms == T0
