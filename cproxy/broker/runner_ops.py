@@ -125,8 +125,9 @@ class OperatorCalls:
         many. Pending ones are committed first, so what was just listed can be deleted."""
         await self.commit()
         deleted = await self._store.delete_dead_letters(self.name, topic, refs, before_ms)
-        self.dead_letter_count = max(0, self.dead_letter_count - deleted)
         if deleted:
+            # Counted again rather than subtracted: in a cluster a peer may delete too.
+            self.dead_letter_count = await self._store.count_dead_letters(self.name)
             logger.info("group=%s deleted dead_letters=%d", self.name, deleted)
         return deleted
 
