@@ -144,7 +144,11 @@ class _EngineCollector(Collector):
             name: GaugeMetricFamily(f"cproxy_{name}", text, labels=["group"])
             for name, text in (
                 ("waiting_messages", "Messages waiting behind their chain head"),
-                ("blocked_keys", "Order values whose head is not acked"),
+                (
+                    "blocked_keys",
+                    "Stuck order values: head retrying, exhausted or in flight past stuck_after_ms",
+                ),
+                ("in_flight_keys", "Order values whose head is in flight and not stuck"),
                 ("buffered_messages", "Messages held in memory"),
                 ("retrying_messages", "Messages waiting for a retry"),
                 ("delayed_messages", "Delayed messages not due yet"),
@@ -159,6 +163,7 @@ class _EngineCollector(Collector):
                 gauges["lag"].add_metric([name, t.topic], t.lag)
             group_gauges["waiting_messages"].add_metric([name], stats.waiting)
             group_gauges["blocked_keys"].add_metric([name], stats.blocked_keys)
+            group_gauges["in_flight_keys"].add_metric([name], stats.in_flight_keys)
             group_gauges["buffered_messages"].add_metric([name], stats.buffered)
             group_gauges["retrying_messages"].add_metric([name], stats.retrying)
             group_gauges["delayed_messages"].add_metric([name], stats.delayed)

@@ -36,6 +36,7 @@ from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
 from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
+from .activity import Activity, ConsumerSeen
 from .clock import now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
@@ -87,6 +88,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
         targets = push_targets or PushTargets()
         self._push_lanes = [PushLane(self, t, p, targets) for t, p in engine.config.push.items()]
+        #: Who pulls, and the delivery and ack rates (sampled by the timer task).
+        self.activity = Activity()
 
     @classmethod
     async def open(
@@ -125,6 +128,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms, push_targets)
         runner.cluster = queues is not None
+        # The rates' first sample: work done before the timer's first second counts too.
+        runner.activity.sample(now_ms(), *engine.delivered_and_acked())
         redriving = await store.load_redriving(name)
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)
             redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]
@@ -132,7 +137,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
         logger.info(
-            "group=%s started queues=%d buffered=%d", name, len(progress), engine.stats().buffered
+            "group=%s started queues=%d buffered=%d",
+            name,
+            len(progress),
+            engine.stats(now_ms()).buffered,
         )
         return runner
 
@@ -202,7 +210,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
             with anyio.move_on_after(delay):
                 await self._timer_kick.wait()
             self._timer_due_ms = 0
-            self._engine.tick(now_ms())
+            now = now_ms()
+            self._engine.tick(now)
+            self.activity.sample(now, *self._engine.delivered_and_acked())
             if self._engine.has_ready():
                 self._notify_ready()
             self._fetch_kick.set()  # time may have made reads due (delay rescans, wake-ups)
@@ -294,7 +304,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
             logger.exception("group=%s hand-out to waiting pulls failed", self.name)
 
     def _take_for(self, waiter: Waiter) -> list[Delivery]:
-        return self._engine.pull(waiter.max_messages, waiter.topics, now_ms(), waiter.max_per_key)
+        return self._engine.pull(
+            waiter.max_messages, waiter.topics, now_ms(), waiter.max_per_key, waiter.consumer
+        )
 
     @property
     def waiting_pulls(self) -> int:
@@ -332,10 +344,14 @@ class GroupRunner(QueueHooks, OperatorCalls):
         return self._engine.reads(topic)
 
     def stats(self) -> GroupStats:
-        return self._engine.stats()
+        return self._engine.stats(now_ms())
 
     def blocked_keys(self, topic: str | None) -> list[BlockedKey]:
-        return self._engine.blocked_keys(topic)
+        return self._engine.blocked_keys(now_ms(), topic)
+
+    def consumers(self) -> list[ConsumerSeen]:
+        """Consumers that pulled in the last five minutes, with their messages in flight."""
+        return self.activity.consumers(now_ms(), self._engine.in_flight_by_consumer())
 
     def push_stats(self) -> list[PushStats]:
         """The state of each topic's pusher (none when no topic entry has ``push``)."""
@@ -359,8 +375,12 @@ class GroupRunner(QueueHooks, OperatorCalls):
         results: Sequence[Result],
         max_per_key: int = 1,
         gone: WatchGone | None = None,
+        consumer: str | None = None,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``.
+
+        ``consumer`` names the puller (the group's stats list it); None: the proxy's own
+        pusher.
 
         ``gone``, when given, tells when the caller is gone (its client disconnected;
         ``waiters.WatchGone``): a pull waiting then leaves the line and answers nothing;
@@ -369,9 +389,12 @@ class GroupRunner(QueueHooks, OperatorCalls):
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
             return PullResult([], applied, unknown)
-        deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
+        now = now_ms()
+        if consumer is not None:
+            self.activity.pulled(consumer, now)
+        deliveries = self._engine.pull(max_messages, topics, now, max_per_key, consumer)
         if not deliveries and wait_ms > 0:
-            waiter = Waiter(max_messages, topics, max_per_key)
+            waiter = Waiter(max_messages, topics, max_per_key, consumer)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
             self._kick_timer()

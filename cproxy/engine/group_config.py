@@ -13,6 +13,9 @@ from cproxy.errors import ConfigError, InvalidOrderBy
 
 MAX_BACKOFF_MS: Final = 86_400_000
 MAX_ACK_TIMEOUT_MS: Final = 43_200_000
+#: Upper bound of ``stuck_after_ms`` (a day) and of ``dead_letter_retention_ms`` (~100 years).
+MAX_STUCK_AFTER_MS: Final = 86_400_000
+MAX_RETENTION_MS: Final = 3_153_600_000_000
 
 Start = Literal["earliest", "latest"]
 OnExhausted = Literal["dead_letter", "block"]
@@ -23,7 +26,8 @@ class GroupConfig:
     """Settings of one consumer group (docs/api.md, ``PUT /v1/groups/{group}``).
 
     Defaults: 5 attempts, backoff 1 s / 5 s / 30 s (the last repeating), 30 s ack timeout,
-    start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered.
+    start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered,
+    a head in flight for a minute counts as stuck, dead letters kept until deleted.
     """
 
     topics: Mapping[str, OrderBy]
@@ -39,6 +43,10 @@ class GroupConfig:
     filters: Mapping[str, Expression] = field(default_factory=dict)
     #: Topic -> transform of the delivered body.
     transforms: Mapping[str, Expression] = field(default_factory=dict)
+    #: A head in flight this long counts as a blocked (stuck) key; shorter is just working.
+    stuck_after_ms: int = 60_000
+    #: Dead letters older than this are deleted by the retention pass; None keeps them.
+    dead_letter_retention_ms: int | None = None
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -63,6 +71,8 @@ class GroupConfig:
             "start": self.start,
             "on_exhausted": self.on_exhausted,
             "max_buffered": self.max_buffered,
+            "stuck_after_ms": self.stuck_after_ms,
+            "dead_letter_retention_ms": self.dead_letter_retention_ms,
         }
 
     @classmethod
@@ -116,6 +126,9 @@ class GroupConfig:
         on_exhausted = data.get("on_exhausted", defaults.on_exhausted)
         if on_exhausted not in ("dead_letter", "block"):
             raise ConfigError("on_exhausted must be 'dead_letter' or 'block'")
+        dead_retention = data.get("dead_letter_retention_ms")
+        if dead_retention is not None:
+            dead_retention = _int(data, "dead_letter_retention_ms", 0, 1, MAX_RETENTION_MS)
         return cls(
             topics=parsed,
             max_attempts=_int(data, "max_attempts", defaults.max_attempts, 1, 1000),
@@ -129,6 +142,10 @@ class GroupConfig:
             push=push,
             filters=filters,
             transforms=transforms,
+            stuck_after_ms=_int(
+                data, "stuck_after_ms", defaults.stuck_after_ms, 1, MAX_STUCK_AFTER_MS
+            ),
+            dead_letter_retention_ms=dead_retention,
         )
 
 
@@ -141,6 +158,8 @@ _KNOWN: Final = frozenset(
         "start",
         "on_exhausted",
         "max_buffered",
+        "stuck_after_ms",
+        "dead_letter_retention_ms",
     }
 )
 
