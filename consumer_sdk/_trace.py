@@ -1,0 +1,56 @@
+"""W3C trace context (``traceparent``/``tracestate``) in message headers, when OpenTelemetry
+is installed (``pip install 'cproxy[otel]'``).
+
+Nothing here imports OpenTelemetry until a message is sent or handled, and only when the
+package is present (one ``find_spec`` the first time): without it every function is a no-op
+and the SDK behaves, and costs, exactly as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._trace_otel import Otel
+
+#: The headers of the W3C Trace Context format, as messages and push requests carry them.
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+@functools.cache
+def _otel() -> Otel | None:
+    """The OpenTelemetry pieces used here, or None when the package is not installed."""
+    if importlib.util.find_spec("opentelemetry") is None:
+        return None
+    from ._trace_otel import Otel  # only when installed, only when used
+
+    return Otel()
+
+
+def inject(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+    """``headers`` plus the current span's trace context; unchanged without an active span
+    (or without OpenTelemetry). Headers the caller set win."""
+    otel = _otel()
+    if otel is None:
+        return headers
+    carrier = otel.inject()
+    if not carrier:
+        return headers
+    if headers:
+        carrier.update(headers)
+    return carrier
+
+
+def handler_span(
+    topic: str, headers: Mapping[str, str] | None
+) -> AbstractContextManager[object]:
+    """A context manager that runs a handler in a consumer span whose parent is the
+    message's trace context (a root span when it has none); a no-op without OpenTelemetry."""
+    otel = _otel()
+    if otel is None:
+        return nullcontext()
+    return otel.span(topic, headers)

@@ -1,0 +1,36 @@
+"""The OpenTelemetry side of :mod:`consumer_sdk._trace`, imported only when it is installed."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+_TRACER = "consumer_sdk"
+
+
+class Otel:
+    def __init__(self) -> None:
+        # W3C Trace Context whatever global propagator the program set: the headers are
+        # part of the message format (DESIGN §6), read by consumers in other languages too.
+        self._propagator = TraceContextTextMapPropagator()
+
+    def inject(self) -> dict[str, str]:
+        if not trace.get_current_span().get_span_context().is_valid:
+            return {}
+        carrier: dict[str, str] = {}
+        self._propagator.inject(carrier)
+        return carrier
+
+    def span(
+        self, topic: str, headers: Mapping[str, str] | None
+    ) -> AbstractContextManager[trace.Span]:
+        parent = self._propagator.extract(dict(headers)) if headers else None
+        return trace.get_tracer(_TRACER).start_as_current_span(
+            f"{topic} process",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
+            attributes={"messaging.system": "cproxy", "messaging.destination.name": topic},
+        )
