@@ -100,8 +100,10 @@ class Lanes(Generic[F]):
         return len(lane.pending) >= s.batch_max_messages or lane.size >= s.batch_max_bytes
 
     def _due(self, lane: _Lane[F], now: float) -> bool:
-        return bool(lane.pending) and not lane.busy and (
-            self.flushing > 0 or self._full(lane) or now - lane.first_at >= self._linger_s
+        return (
+            bool(lane.pending)
+            and not lane.busy
+            and (self.flushing > 0 or self._full(lane) or now - lane.first_at >= self._linger_s)
         )
 
     def take(self, now: float) -> list[tuple[str, list[Pending[F]]]]:
@@ -137,8 +139,10 @@ class Lanes(Generic[F]):
         best: float | None = None
         for lane in self._lanes.values():
             if lane.pending and not lane.busy:
-                left = 0.0 if self.flushing or self._full(lane) else (
-                    lane.first_at + self._linger_s - now
+                left = (
+                    0.0
+                    if self.flushing or self._full(lane)
+                    else (lane.first_at + self._linger_s - now)
                 )
                 best = left if best is None else min(best, left)
         return None if best is None else max(0.0, best)

@@ -45,9 +45,7 @@ def inject(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
     return carrier
 
 
-def handler_span(
-    topic: str, headers: Mapping[str, str] | None
-) -> AbstractContextManager[object]:
+def handler_span(topic: str, headers: Mapping[str, str] | None) -> AbstractContextManager[object]:
     """A context manager that runs a handler in a consumer span whose parent is the
     message's trace context (a root span when it has none); a no-op without OpenTelemetry."""
     otel = _otel()

@@ -157,6 +157,7 @@ class Producer(Closing):
     ) -> None:
         if max_pending_messages < 1:
             raise ValueError("max_pending_messages must be >= 1")
+
         def make(u: str) -> Client:
             return Client(
                 u, token=token, timeout_ms=timeout_ms, retry=retry, transport=transport,
@@ -347,9 +348,7 @@ class Producer(Closing):
         try:
             live = [p for p in batch if p.future.set_running_or_notify_cancel()]
             if live:
-                deliver(
-                    live, lambda enc, ids: self._produce_encoded(topic, enc, ids), _settle_sync
-                )
+                deliver(live, lambda enc, ids: self._produce_encoded(topic, enc, ids), _settle_sync)
         finally:
             with self._guard:
                 self._lanes.done(topic, len(batch))
