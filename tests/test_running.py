@@ -121,9 +121,7 @@ def test_postgres_store_without_its_driver_is_one_line_naming_the_extra(tmp_path
 
 def test_metrics_parse_and_carry_process_series_and_build_info(server: RunningServer) -> None:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
-    samples = {
-        s.name: s for family in text_string_to_metric_families(text) for s in family.samples
-    }
+    samples = {s.name: s for family in text_string_to_metric_families(text) for s in family.samples}
     assert samples["process_cpu_seconds_total"].value > 0
     assert "python_info" in samples
     info = samples["cproxy_build_info"]
