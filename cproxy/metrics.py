@@ -169,6 +169,14 @@ class _EngineCollector(Collector):
         yield from counters.values()
         yield from gauges.values()
         yield from group_gauges.values()
+        throttled = CounterMetricFamily(
+            "cproxy_throttled_seconds",
+            "Time the group's max_per_second held ready messages back",
+            labels=["group"],
+        )
+        for name, seconds in self._broker.throttled_seconds():
+            throttled.add_metric([name], seconds)
+        yield throttled
 
 
 class _BuildInfo(Collector):

@@ -120,6 +120,8 @@ class GroupConfigBody(_Out):
     start: Literal["earliest", "latest"] = "earliest"
     on_exhausted: Literal["dead_letter", "block"] = "dead_letter"
     max_buffered: int = 10000
+    #: Deliveries per second of the group (pull and push together); null: unlimited.
+    max_per_second: int | None = None
 
 
 class GroupConfigOut(GroupConfigBody):
@@ -161,6 +163,8 @@ class GroupStatsOut(_Out):
     delayed: int = 0
     dead_lettered: int
     push: dict[str, PushState] | None = None
+    #: Time max_per_second held ready messages back, summed (ms).
+    throttled_ms: int = 0
 
 
 class GroupOut(GroupConfigOut):

@@ -177,6 +177,7 @@ def group_view(view: GroupView) -> dict[str, Any]:
         "stats": {
             **_stats(view.stats, view.dead_lettered, view.oldest_unfinished_age_ms),
             "push": push_stats(view.push),
+            "throttled_ms": view.throttled_ms,
         },
     }
 

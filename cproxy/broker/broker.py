@@ -308,11 +308,18 @@ class Broker(QueueHosting, OperatorActions):
         dead = runner.dead_letter_count + stats.pending_dead_letters
         oldest = await runner.oldest_unfinished_at_ms(stats)
         age = None if oldest is None else max(0, now_ms() - oldest)
-        return GroupView(name, runner.config, stats, dead, age, tuple(runner.push_stats()))
+        throttled_ms = int(runner.throttled_seconds() * 1000)
+        return GroupView(
+            name, runner.config, stats, dead, age, tuple(runner.push_stats()), throttled_ms
+        )
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""
         return [(name, runner.stats()) for name, runner in list(self.groups.items())]
+
+    def throttled_seconds(self) -> list[tuple[str, float]]:
+        """Per live group, the time ``max_per_second`` held ready messages back (metrics)."""
+        return [(name, runner.throttled_seconds()) for name, runner in list(self.groups.items())]
 
     # -- consuming -----------------------------------------------------------------------------
     async def pull(

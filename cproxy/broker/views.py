@@ -28,3 +28,5 @@ class GroupView:
     oldest_unfinished_age_ms: int | None = None
     #: One entry per topic whose messages are pushed (cproxy.broker.push).
     push: tuple[PushStats, ...] = ()
+    #: Time ``max_per_second`` held ready messages back, summed (cproxy.broker.rate).
+    throttled_ms: int = 0

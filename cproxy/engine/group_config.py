@@ -13,6 +13,7 @@ from cproxy.errors import ConfigError, InvalidOrderBy
 
 MAX_BACKOFF_MS: Final = 86_400_000
 MAX_ACK_TIMEOUT_MS: Final = 43_200_000
+MAX_PER_SECOND: Final = 1_000_000
 
 Start = Literal["earliest", "latest"]
 OnExhausted = Literal["dead_letter", "block"]
@@ -39,6 +40,9 @@ class GroupConfig:
     filters: Mapping[str, Expression] = field(default_factory=dict)
     #: Topic -> transform of the delivered body.
     transforms: Mapping[str, Expression] = field(default_factory=dict)
+    #: Deliveries per second of the whole group (pull and push); None: unlimited. The broker
+    #: enforces it (``cproxy.broker.rate``): the engine has no clock.
+    max_per_second: int | None = None
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -63,6 +67,7 @@ class GroupConfig:
             "start": self.start,
             "on_exhausted": self.on_exhausted,
             "max_buffered": self.max_buffered,
+            "max_per_second": self.max_per_second,
         }
 
     @classmethod
@@ -126,6 +131,11 @@ class GroupConfig:
             start=start,
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
+            max_per_second=(
+                None
+                if data.get("max_per_second") is None
+                else _int(data, "max_per_second", 0, 1, MAX_PER_SECOND)
+            ),
             push=push,
             filters=filters,
             transforms=transforms,
@@ -141,6 +151,7 @@ _KNOWN: Final = frozenset(
         "start",
         "on_exhausted",
         "max_buffered",
+        "max_per_second",
     }
 )
 
