@@ -1,21 +1,22 @@
 """W3C trace context (``traceparent``/``tracestate``) in message headers, when OpenTelemetry
 is installed (``pip install 'cproxy[otel]'``).
 
-Nothing here imports OpenTelemetry until a message is sent or handled, and only when the
-package is present (one ``find_spec`` the first time): without it every function is a no-op
-and the SDK behaves, and costs, exactly as before.
+Nothing here imports OpenTelemetry until a message is sent or a consumer is made, and only
+when the package is present (one failed import the first time): without it every function
+is a no-op and the SDK behaves, and costs, exactly as before.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     from ._trace_otel import Otel
+
+H = TypeVar("H", bound=Callable[..., Any])
 
 #: The headers of the W3C Trace Context format, as messages and push requests carry them.
 TRACE_HEADERS = ("traceparent", "tracestate")
@@ -24,11 +25,18 @@ TRACE_HEADERS = ("traceparent", "tracestate")
 @functools.cache
 def _otel() -> Otel | None:
     """The OpenTelemetry pieces used here, or None when the package is not installed."""
-    if importlib.util.find_spec("opentelemetry") is None:
+    try:
+        from ._trace_otel import Otel  # only when used: importing the SDK imports nothing
+    except ImportError:
         return None
-    from ._trace_otel import Otel  # only when installed, only when used
-
     return Otel()
+
+
+def traced(handler: H) -> H:
+    """``handler`` run in a consumer span per message (see :func:`handler_span`); the
+    handler itself, unwrapped, without OpenTelemetry."""
+    otel = _otel()
+    return handler if otel is None else otel.wrap(handler)
 
 
 def inject(headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
