@@ -22,8 +22,12 @@ def free_port() -> int:
 class ServeProcess:
     """One ``python -m cproxy serve`` on a free loopback port and its own data dir."""
 
-    def __init__(self, root: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self, root: Path, *args: str, port: int = 0, env: dict[str, str] | None = None
+    ) -> None:
+        """``port``: a given one (a restart on the same address); 0 picks a free one."""
+        root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = root / "server.log"
         cmd = [sys.executable, "-m", "cproxy", "serve", "--port", str(self.port),
