@@ -3,7 +3,8 @@ HTTPX when the caller hands in an HTTPX transport (in-process ASGI apps, custom 
 
 :class:`AiohttpSender` is the default: one ``aiohttp.ClientSession`` per client (keep-alive
 connections to one origin, llhttp parsing, at most ``max_connections`` open), honouring the
-proxy variables (``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``) and credentials in the URL.
+proxy variables (``HTTP_PROXY``/``HTTPS_PROXY``/``NO_PROXY``, read when the client is made)
+and credentials in the URL.
 ``timeout_s`` bounds each call as a whole (waiting for a connection, connecting, sending and
 reading), whichever way it is sent. aiohttp's exceptions are translated here, once, into the
 :mod:`consumer_sdk.errors` hierarchy, naming the call; :class:`HttpxSender` leaves HTTPX's to
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import ssl
+import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -92,6 +94,7 @@ class AiohttpSender:
             # The same context HTTPX builds from the same ``verify`` (certifi when True).
             self._ssl = httpx.create_ssl_context(verify=verify) if verify else False
         self._settings = (headers, max_connections)
+        self._proxy = _proxy_for(url)
         self._session: aiohttp.ClientSession | None = None
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._targets: dict[str, URL] = {}
@@ -106,7 +109,9 @@ class AiohttpSender:
         self._session = aiohttp.ClientSession(
             connector=connector,
             headers=headers,
-            trust_env=True,  # the proxy variables, as HTTPX honours them
+            # The proxy variables are read once (``_proxy_for``): aiohttp's trust_env would
+            # look them (and ~/.netrc) up in a thread on every request.
+            trust_env=False,
             cookie_jar=aiohttp.DummyCookieJar(),  # the API sets no cookies
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding",),
@@ -156,6 +161,7 @@ class AiohttpSender:
                     params=params,
                     data=content,
                     timeout=self._timeout(timeout_s),
+                    proxy=self._proxy,
                 ) as answer:
                     body = await answer.read()
                     return Answer(answer.status, answer.reason or "", answer.headers, body)
@@ -196,6 +202,17 @@ class AiohttpSender:
         self._closed = True
         if self._session is not None:
             await self._session.close()
+
+
+def _proxy_for(url: str) -> str | None:
+    """The proxy an ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` variable names for ``url``
+    (``NO_PROXY`` considered), as HTTPX reads them; None: direct."""
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(parts.hostname or ""):
+        return None
+    return proxy
 
 
 class HttpxSender:
