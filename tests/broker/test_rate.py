@@ -1,11 +1,18 @@
-"""The token bucket behind ``max_per_second`` (cproxy.broker.rate), on a hand-driven clock."""
+"""The token bucket behind ``max_per_second`` (cproxy.broker.rate), on a hand-driven clock,
+and a cluster proxy's share of it."""
 
 from __future__ import annotations
 
+import time
+
+import anyio
 import pytest
 
 from cproxy.broker import rate as rate_module
 from cproxy.broker.rate import Rate
+from cproxy.model import NewMessage
+from cproxy.store.memory import MemoryStore
+from tests.broker.test_broker import config, running
 
 
 @pytest.fixture
@@ -53,3 +60,26 @@ def test_a_cluster_share_scales_rate_and_burst(clock: list[float]) -> None:
     assert (rate.rate, rate.burst) == (250, 25)
     rate.set_share(0)  # serves no queue: nothing to deliver, the limit stays whole
     assert rate.rate == 1000
+
+
+async def test_a_cluster_proxy_takes_its_share_of_the_rate_by_owned_queues() -> None:
+    """max_per_second 40 over 4 queues: owning one, a proxy's burst is max(1, 10/10) = 1; owning
+    all four, max(1, 40/10) = 4 (a pull never gets more than the burst at once)."""
+    store = MemoryStore()
+    async with running(store, cluster=True) as broker:
+        await broker.create_topic("t", 4)
+        await broker.serve_queue("t", 0)
+        await broker.put_group("g", config(max_per_second=40))
+        await broker.produce("t", [NewMessage(f"k{n}", b"1") for n in range(400)])
+        sizes = [len((await broker.pull("g", 100, 300, None, [])).deliveries) for _ in range(5)]
+        assert max(sizes) == 1 and sum(sizes) >= 1
+        for qid in (1, 2, 3):
+            await broker.serve_queue("t", qid)
+        largest = 0
+        deadline = time.monotonic() + 10
+        while largest < 4 and time.monotonic() < deadline:
+            result = await broker.pull("g", 100, 300, None, [])
+            largest = max(largest, len(result.deliveries))
+            assert len(result.deliveries) <= 4
+            await anyio.sleep(0.15)  # let the bucket fill: a whole burst needs 0.1 s at 40/s
+        assert largest == 4
