@@ -42,6 +42,8 @@ KEEPALIVE_EXPIRY_S: Final = 4.0
 #: a call that timed out there provably sent nothing (``ConnectError``, safe to retry).
 _CONNECT_SHARE: Final = 0.9
 CLOSED: Final = "Cannot send a request, as the client has been closed."
+#: A sender idle longer than this lets the loop read pending events before it sends.
+_IDLE_S: Final = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,7 @@ class AiohttpSender:
         self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._targets: dict[str, URL] = {}
         self._closed = False
+        self._last_done = 0.0  # loop time the last call ended
 
     def _open(self) -> aiohttp.ClientSession:
         """The session, made on first use: inside the event loop that will run it."""
@@ -153,6 +156,29 @@ class AiohttpSender:
         if self._closed:
             raise RuntimeError(CLOSED)
         session = self._session or self._open()
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_done > _IDLE_S:
+            # After a pause the loop may not have read a close the server sent meanwhile (the
+            # program blocked it, or the server stopped while nothing was waiting on it): let
+            # it read pending events, so the pool replaces a closed connection instead of
+            # sending on it a request that would then fail without an answer.
+            await asyncio.sleep(0)  # our turn comes before the I/O callbacks of this pass
+            await asyncio.sleep(0)
+        try:
+            return await self._exchange(session, method, path, params, content, timeout_s, replay)
+        finally:
+            self._last_done = loop.time()
+
+    async def _exchange(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        content: bytes | None,
+        timeout_s: float,
+        replay: bool,
+    ) -> Answer:
         while True:
             try:
                 async with session.request(

@@ -307,6 +307,8 @@ class Producer(Closing):
                 self._start()
             while self._lanes.outstanding >= self._max_pending and not self._closing:
                 self._settled.wait()
+            if self._closing:  # closed while this call waited for room: nobody would send it
+                raise RuntimeError("the producer is closed")
             if self._lanes.add(topic, item, time.monotonic()):
                 self._wake.notify()
         return future

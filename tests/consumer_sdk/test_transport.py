@@ -10,6 +10,7 @@ import base64
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,19 @@ async def test_connection_closed_by_the_server_while_idle_is_replaced(
         await client.health()
         await asyncio.sleep(0.8)  # past the server's keep-alive timeout: it closed the connection
         assert await client.redrive("g") == 1  # not idempotent: never replayed, so not needed
+    assert len(set(app.ports)) == 2
+
+
+async def test_a_close_the_blocked_loop_did_not_read_is_seen_before_sending(
+    served: tuple[str, App],
+) -> None:
+    """The server closed the idle connection while the program blocked the event loop: the
+    close sits unread, yet a call that may not be repeated still goes out on a new one."""
+    url, app = served
+    async with AsyncClient(url, retry=NO_RETRY) as client:
+        await client.health()
+        time.sleep(0.8)  # blocks the loop past the server's keep-alive timeout (0.3 s)
+        assert await client.redrive("g") == 1
     assert len(set(app.ports)) == 2
 
 
