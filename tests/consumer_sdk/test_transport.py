@@ -137,7 +137,7 @@ async def test_a_close_the_blocked_loop_did_not_read_is_seen_before_sending(
     url, app = served
     async with AsyncClient(url, retry=NO_RETRY) as client:
         await client.health()
-        time.sleep(0.8)  # blocks the loop past the server's keep-alive timeout (0.3 s)
+        time.sleep(0.8)  # noqa: ASYNC251 - the scenario: a blocked loop past keep-alive (0.3 s)
         assert await client.redrive("g") == 1
     assert len(set(app.ports)) == 2
 
