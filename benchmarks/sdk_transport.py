@@ -1,5 +1,5 @@
-"""The SDK's async transport: aiohttp (today) against the hand-written HTTP/1.1 pool it
-replaced, interleaved A/B, client CPU per message.
+"""The SDK's async transport against the HTTP/1.1 pool of another commit (the SDK's before
+this one), or against aiohttp's client, interleaved A/B, client CPU per message.
 
 One server; each round runs both transports in rotating order, each producing ``--messages``
 messages with ``AsyncProducer`` and consuming them with ``AsyncConsumer`` (its default pull
@@ -7,11 +7,14 @@ batch) on a fresh topic and group, in this process. Reported per transport: clie
 message (process time, so the server's work is not counted) for produce and consume, and the
 median per-round ratio new/old (target <= 1.2).
 
-The old pool is loaded from git (``--old-ref``, default the last commit that had it), and
-plugged in where ``AsyncClient`` makes its sender: the rest of the SDK is the same code.
+The old pool is loaded from git (``--old-ref``, default the SDK before issue 31) and plugged in
+where ``AsyncClient`` makes its sender: the rest of the SDK is the same code. ``--aiohttp``
+takes a minimal aiohttp sender (one session per client, errors left untranslated) as the new
+side instead of this tree's pool: how issue 31's candidate library compared.
 
     python -m benchmarks.sdk_transport --quick              # 3 rounds, 5,000 messages
     python -m benchmarks.sdk_transport --rounds 7 --batch 1 # one message per produce call
+    python -m benchmarks.sdk_transport --aiohttp            # aiohttp's client against the pool
 """
 
 from __future__ import annotations
@@ -53,18 +56,71 @@ def old_pool(ref: str) -> ModuleType:
     return module
 
 
+class AiohttpSender:
+    """Issue 31's candidate: aiohttp's client as ``AsyncClient``'s sender (the interface of
+    ``Http11Pool``); what the SDK would have needed from it, and no more."""
+
+    def __init__(
+        self, url: str, *, headers: dict[str, str], verify: Any, max_connections: int
+    ) -> None:
+        self._url = url.rstrip("/")
+        self._headers = headers
+        self._limit = max_connections
+        self._session: Any = None
+        self._timeouts: dict[float, Any] = {}
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any,
+        content: bytes | None,
+        timeout_s: float,
+        replay: bool,
+    ) -> Any:
+        import aiohttp
+
+        from consumer_sdk._http11 import Answer
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=4.0),
+                headers=self._headers,
+                trust_env=False,  # True looks proxies and ~/.netrc up in a thread per request
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        timeout = self._timeouts.get(timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(
+                total=timeout_s, connect=timeout_s * 0.9
+            )
+        async with self._session.request(
+            method, self._url + path, params=params, data=content, timeout=timeout
+        ) as answer:
+            body = await answer.read()
+            return Answer(answer.status, answer.reason or "", dict(answer.headers), body)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
 @contextlib.contextmanager
-def sender(kind: str, old: ModuleType) -> Iterator[None]:
-    """``AsyncClient`` builds its default sender from ``client.AiohttpSender``."""
-    if kind == "aiohttp":
+def sender(kind: str, old: ModuleType, use_aiohttp: bool) -> Iterator[None]:
+    """``AsyncClient`` builds its default sender from ``client.Http11Pool``."""
+    replacement: Any = old.Http11Pool if kind == "old" else AiohttpSender if use_aiohttp else None
+    if replacement is None:
         yield
         return
-    saved = client_module.AiohttpSender
-    client_module.AiohttpSender = old.Http11Pool  # type: ignore[misc]  # same signature
+    saved = client_module.Http11Pool
+    client_module.Http11Pool = replacement  # type: ignore[misc]  # same signature
     try:
         yield
     finally:
-        client_module.AiohttpSender = saved  # type: ignore[misc]
+        client_module.Http11Pool = saved  # type: ignore[misc]
 
 
 async def produce(url: str, topic: str, n: int, batch: int) -> float:
@@ -107,11 +163,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="messages per produce call")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--old-ref", default=OLD_REF, help="a commit with consumer_sdk/_http11.py")
+    parser.add_argument("--aiohttp", action="store_true", help="new side: aiohttp's client")
     args = parser.parse_args()
     n = args.messages or (5_000 if args.quick else 20_000)
     rounds = 3 if args.quick else args.rounds
     old = old_pool(args.old_ref)
-    kinds = ["pool", "aiohttp"]
+    kinds = ["old", "new"]
     cpu: dict[tuple[str, str], list[float]] = defaultdict(list)
     facts = machine_facts()
     with contextlib.ExitStack() as stack:
@@ -119,7 +176,7 @@ def main() -> None:
         for rnd in range(rounds):
             for kind in kinds[rnd % 2 :] + kinds[: rnd % 2]:
                 topic = f"{kind}-{rnd}"
-                with sender(kind, old):
+                with sender(kind, old, args.aiohttp):
                     p = asyncio.run(produce(server.url, topic, n, args.batch))
                     c = asyncio.run(consume(server.url, topic, f"g-{topic}", n))
                 cpu[(kind, "produce")].append(p / n * 1e6)
@@ -129,22 +186,30 @@ def main() -> None:
                          f"consume {c / n * 1e6:6.1f} µs/msg")  # fmt: skip
     rows: list[dict[str, Any]] = []
     for part in ("produce", "consume", "both"):
-        ratios = [a / b for a, b in zip(cpu[("aiohttp", part)], cpu[("pool", part)], strict=True)]
+        ratios = [a / b for a, b in zip(cpu[("new", part)], cpu[("old", part)], strict=True)]
         rows.append(
             {
                 "part": part,
-                "pool": median(cpu[("pool", part)]),
-                "aiohttp": median(cpu[("aiohttp", part)]),
+                "old": median(cpu[("old", part)]),
+                "new": median(cpu[("new", part)]),
                 "ratio": median(ratios),
             }
         )
-    out = {"machine": facts, "messages": n, "batch": args.batch, "rounds": rounds, "results": rows}
+    new_name = "aiohttp" if args.aiohttp else "this tree's pool"
+    out = {
+        "machine": facts,
+        "new": new_name,
+        "messages": n,
+        "batch": args.batch,
+        "rounds": rounds,
+        "results": rows,
+    }
     text = table(
         [
             ("client CPU per message", lambda r: r["part"]),
-            ("old pool", lambda r: f"{r['pool']:.1f} µs"),
-            ("aiohttp", lambda r: f"{r['aiohttp']:.1f} µs"),
-            ("aiohttp / pool (target <= 1.2)", lambda r: f"{r['ratio']:.2f}"),
+            (f"pool at {args.old_ref}", lambda r: f"{r['old']:.1f} µs"),
+            (new_name, lambda r: f"{r['new']:.1f} µs"),
+            ("new / old (target <= 1.2)", lambda r: f"{r['ratio']:.2f}"),
         ],
         rows,
     )

@@ -17,8 +17,7 @@ from typing import Any, Final, Generic, Self, TypeVar
 import httpx
 import orjson
 
-from consumer_sdk._tls import Verify, certificate_failure, tls_verify
-from consumer_sdk._transport import certificate_error
+from consumer_sdk._tls import Verify, certificate_error, certificate_failure, tls_verify
 from consumer_sdk._wire import (
     HttpAnswer,
     api_error,

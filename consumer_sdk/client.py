@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 import httpx
 
 from consumer_sdk._base import AsyncClosing, BaseClient, BlockedHead, Call, Closing
+from consumer_sdk._http11 import Http11Pool, HttpxSender, proxied
 from consumer_sdk._tls import Verify
-from consumer_sdk._transport import AiohttpSender, HttpxSender
 from consumer_sdk._wire import HttpAnswer
 from consumer_sdk.config import NO_RETRY, RetryPolicy
 from consumer_sdk.errors import ClientError, ServiceUnavailable
@@ -243,10 +243,11 @@ class Client(Closing, BaseClient):
 
 
 class AsyncClient(AsyncClosing, BaseClient):
-    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable. It
-    sends through aiohttp's client (:mod:`consumer_sdk._transport`); through HTTPX when
-    ``transport`` (an ``httpx.AsyncBaseTransport``) is given. Either way ``timeout_ms``
-    bounds each call as a whole, and failures are the SDK's errors."""
+    """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable. Without
+    ``transport`` it sends through its own lean HTTP/1.1 pool (:mod:`consumer_sdk._http11`:
+    HTTPX's layers, and aiohttp's, cost more client CPU per call); with one, or when a proxy
+    variable applies to the URL, through HTTPX. Either way ``timeout_ms`` bounds each call as
+    a whole, and failures are the SDK's errors."""
 
     def __init__(
         self,
@@ -262,9 +263,9 @@ class AsyncClient(AsyncClosing, BaseClient):
         super().__init__(
             url, token=token, timeout_ms=timeout_ms, retry=retry or RetryPolicy(), verify=verify
         )
-        self._http: AiohttpSender | HttpxSender
-        if transport is None:
-            self._http = AiohttpSender(
+        self._http: Http11Pool | HttpxSender
+        if transport is None and not proxied(self.url):
+            self._http = Http11Pool(
                 self.url, headers=self._headers, verify=self._verify,
                 max_connections=max_connections,
             )  # fmt: skip

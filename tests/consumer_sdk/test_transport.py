@@ -1,5 +1,5 @@
-"""The default transport of ``AsyncClient`` (aiohttp, no ``transport=``), against real
-servers: a small ASGI app under uvicorn on a free loopback port, and raw asyncio servers for
+"""The default transport of ``AsyncClient`` (its HTTP/1.1 pool, no ``transport=``), against
+real servers: a small ASGI app under uvicorn on a free loopback port, and raw asyncio servers for
 the misbehaviours uvicorn never shows (resetting connections, closing a reused connection
 without an answer, a server restarted mid-call). Failures are the SDK's errors."""
 
@@ -248,12 +248,33 @@ async def test_reused_connection_closed_before_any_answer_byte_is_replayed_once(
         assert (raw.connections, raw.requests) == (2, 4)
 
 
-def test_a_transport_sends_through_httpx_and_none_through_aiohttp() -> None:
-    from consumer_sdk._transport import AiohttpSender, HttpxSender
+def test_a_transport_or_a_proxy_variable_sends_through_httpx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from consumer_sdk._http11 import Http11Pool, HttpxSender, proxied
 
     mock = httpx.MockTransport(lambda request: httpx.Response(200, json={}))
     assert isinstance(AsyncClient("http://localhost:8080", transport=mock)._http, HttpxSender)
-    assert isinstance(AsyncClient("http://localhost:8080")._http, AiohttpSender)
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.setenv("NO_PROXY", "localhost")
+    assert proxied("http://cproxy.internal:8080")
+    assert not proxied("http://localhost:8080")
+    assert not proxied("https://cproxy.internal:8443")  # no HTTPS_PROXY
+    assert isinstance(AsyncClient("http://cproxy.internal:8080")._http, HttpxSender)
+    assert isinstance(AsyncClient("http://localhost:8080")._http, Http11Pool)
+
+
+async def test_timeout_means_the_whole_call_through_httpx_too() -> None:
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(5)
+        return httpx.Response(200, json={})
+
+    transport = httpx.MockTransport(slow)
+    async with AsyncClient("http://x", timeout_ms=200, retry=NO_RETRY, transport=transport) as c:
+        started = time.monotonic()
+        with pytest.raises(RequestTimeout):
+            await c.get_topic("t")
+        assert time.monotonic() - started < 2
 
 
 async def test_credentials_in_the_url_are_sent_as_basic_auth() -> None:
