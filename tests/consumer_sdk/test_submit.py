@@ -11,9 +11,18 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 
+import httpx
 import pytest
 
-from consumer_sdk import AsyncProducer, Producer, SendResult, ValidationFailed
+from consumer_sdk import (
+    AsyncProducer,
+    Producer,
+    RetryPolicy,
+    SendResult,
+    ServiceUnavailable,
+    ValidationFailed,
+)
+from tests.consumer_sdk.fake import FakeServer
 from tests.consumer_sdk.serve_proc import ServeProcess
 from tests.support import RunningServer, wait_until
 
@@ -154,3 +163,58 @@ def test_async_submit_batches_and_keeps_order(server: RunningServer) -> None:
     for offsets in by_key.values():
         assert offsets == sorted(offsets)
     assert len({(r.qid, r.offset) for r in results}) == 2_001
+
+
+def test_order_holds_across_retried_batches_and_a_batch_that_finally_fails() -> None:
+    """Against the in-memory fake: produce calls fail now and then (503, refused, stored but
+    the answer lost: retried thanks to the ids, answered as duplicates) and are retried; one
+    batch fails for good. Every future resolves, the
+    stored messages keep each key's submit order, none is stored twice."""
+    fake = FakeServer()
+    fake.add_topic("t", queues=1)
+    calls = 0
+    fail_for_good = False
+
+    def stored_then_lost(request: httpx.Request) -> httpx.Response:
+        asyncio.run(fake.handle(request))  # applied; the answer never arrives
+        raise httpx.ReadTimeout("sent, no answer")
+
+    def refused(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused")
+
+    def busy(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(503, json={"error": {"code": "busy", "message": "busy"}})
+
+    kinds = [busy, refused, stored_then_lost]
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        nonlocal calls
+        calls += 1
+        if fail_for_good:
+            return busy(request)
+        if calls % 2 == 0:  # every other call fails, one way or another
+            return kinds[(calls // 2) % 3](request)
+        return asyncio.run(fake.handle(request))
+
+    retry = RetryPolicy(max_attempts=4, initial_backoff_ms=1, max_backoff_ms=2, jitter=0)
+    producer = Producer(
+        fake.url, retry=retry, transport=httpx.MockTransport(handle), batch_max_messages=50
+    )
+    with producer:
+        futures = [
+            producer.submit("t", {"n": n}, key=f"k{n % 7}", id=f"m{n}") for n in range(2_000)
+        ]
+        assert producer.flush(30) == 0
+        assert calls > 60  # 40 batches, about half of the calls failed and were retried
+        fail_for_good = True  # every try of the next batch fails: it fails for good
+        lost = [producer.submit("t", {"n": n}, key="k0", id=f"x{n}") for n in range(3)]
+        assert producer.flush(30) == 0
+        fail_for_good = False
+        after = producer.submit("t", {"n": "after"}, key="k0", id="after")
+    for future in lost:
+        with pytest.raises(ServiceUnavailable):
+            future.result(timeout=0)
+    assert after.result(timeout=0).offset == 2_000
+    assert all(f.result(timeout=0).qid == 0 for f in futures)
+    stored = [m.body["n"] for m in fake.messages]
+    assert stored[:-1] == list(range(2_000)) and stored[-1] == "after"
