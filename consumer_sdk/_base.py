@@ -17,7 +17,7 @@ from typing import Any, Final, Generic, Self, TypeVar
 import httpx
 import orjson
 
-from consumer_sdk._tls import Verify, certificate_failure, tls_verify
+from consumer_sdk._tls import Verify, certificate_error, certificate_failure, tls_verify
 from consumer_sdk._wire import (
     HttpAnswer,
     api_error,
@@ -38,7 +38,6 @@ from consumer_sdk._wire import (
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import (
     ApiError,
-    CertificateError,
     ClientError,
     ConnectError,
     ProtocolError,
@@ -167,11 +166,7 @@ class BaseClient:
         where = f"{call.method} {self.url}{call.path}"
         failure = certificate_failure(exc)
         if failure is not None:
-            return CertificateError(
-                f"{where}: the server's TLS certificate failed verification "
-                f"({failure.verify_message or failure.reason}); for a private CA pass its "
-                "bundle as verify=/ca_file (CLI: --ca-file or CPROXY_CA_FILE)"
-            )
+            return certificate_error(where, failure)
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
             return ConnectError(f"{where}: cannot connect: {exc}")
         if isinstance(exc, httpx.TimeoutException):

@@ -279,7 +279,9 @@ class Client(Closing, BaseClient):
 class AsyncClient(AsyncClosing, BaseClient):
     """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable. Without
     ``transport`` it sends through its own lean HTTP/1.1 pool (:mod:`consumer_sdk._http11`:
-    HTTPX's layers cost as much client CPU as the rest of a call); with one, through HTTPX."""
+    HTTPX's layers, and aiohttp's, cost more client CPU per call); with one, or when a proxy
+    variable applies to the URL, through HTTPX. Either way ``timeout_ms`` bounds each call as
+    a whole, and failures are the SDK's errors."""
 
     def __init__(
         self,

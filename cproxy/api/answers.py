@@ -146,6 +146,8 @@ class GroupConfigBody(_Answer, kw_only=True):
     stuck_after_ms: int = 60000
     #: Dead letters older than this are deleted; null keeps them.
     dead_letter_retention_ms: int | None = None
+    #: Deliveries per second of the group (pull and push together); null: unlimited.
+    max_per_second: int | None = None
 
 
 class GroupConfigOut(GroupConfigBody, kw_only=True):
@@ -201,6 +203,8 @@ class GroupStatsOut(_Answer, kw_only=True):
     last_pull_ms_ago: int | None = None
     delivered_per_s: float = 0.0
     acked_per_s: float = 0.0
+    #: Time max_per_second held ready messages back, summed (ms).
+    throttled_ms: int = 0
 
 
 class GroupOut(GroupConfigOut, kw_only=True):

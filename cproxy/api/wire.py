@@ -193,6 +193,7 @@ def group_view(view: GroupView) -> dict[str, Any]:
             "last_pull_ms_ago": view.last_pull_ms_ago,
             "delivered_per_s": round(view.delivered_per_s, 3),
             "acked_per_s": round(view.acked_per_s, 3),
+            "throttled_ms": view.throttled_ms,
         },
     }
 

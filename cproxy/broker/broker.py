@@ -329,15 +329,20 @@ class Broker(QueueHosting, OperatorActions):
             dead,
             age,
             tuple(runner.push_stats()),
-            tuple(runner.consumers()),
-            None if last is None else max(0, now - last),
-            delivered_per_s,
-            acked_per_s,
+            consumers=tuple(runner.consumers()),
+            last_pull_ms_ago=None if last is None else max(0, now - last),
+            delivered_per_s=delivered_per_s,
+            acked_per_s=acked_per_s,
+            throttled_ms=int(runner.throttled_seconds() * 1000),
         )
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""
         return [(name, runner.stats()) for name, runner in list(self.groups.items())]
+
+    def throttled_seconds(self) -> list[tuple[str, float]]:
+        """Per live group, the time ``max_per_second`` held ready messages back (metrics)."""
+        return [(name, runner.throttled_seconds()) for name, runner in list(self.groups.items())]
 
     # -- consuming -----------------------------------------------------------------------------
     async def pull(

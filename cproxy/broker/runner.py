@@ -37,9 +37,10 @@ from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
 from .activity import Activity, ConsumerSeen
-from .clock import now_ms
+from .clock import monotonic_s, now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .rate import Rate
 from .runner_ops import OperatorCalls
 from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
@@ -90,6 +91,12 @@ class GroupRunner(QueueHooks, OperatorCalls):
         self._push_lanes = [PushLane(self, t, p, targets) for t, p in engine.config.push.items()]
         #: Who pulls, and the delivery and ack rates (sampled by the timer task).
         self.activity = Activity()
+        #: ``max_per_second`` (cproxy.broker.rate); None: unlimited, no cost per pull.
+        per_second = engine.config.max_per_second
+        self._rate = None if per_second is None else Rate(per_second)
+        #: Every queue of the group's topics, owned here or not (the cluster share).
+        self._total_queues = 0
+        self._rate_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     async def open(
@@ -111,8 +118,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         progress: dict[QueueRef, QueueProgress] = {}
         ends: dict[QueueRef, int] = {}
         fresh: dict[QueueRef, QueueProgress] = {}
+        total_queues = 0
         for topic in config.topics:
             for stats in await store.queue_stats(topic):
+                total_queues += 1
                 ref = (topic, stats.qid)
                 if queues is not None and ref not in queues:
                     continue
@@ -130,6 +139,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         runner.cluster = queues is not None
         # The rates' first sample: work done before the timer's first second counts too.
         runner.activity.sample(now_ms(), *engine.delivered_and_acked())
+        runner._total_queues = total_queues
+        runner.queues_changed()
         redriving = await store.load_redriving(name)
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)
             redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]
@@ -178,6 +189,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
 
     async def close(self, *, commit: bool = True) -> None:
         """Stop the tasks and, unless told otherwise, persist progress one last time."""
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         if self._scope is not None:
             self._scope.cancel()
             await self._closed.wait()
@@ -225,7 +239,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         that gives them back (``Waiters.wait``)."""
         if self._stopping or not self._waiters:
             return 0
-        served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
+        has_work = self._engine.has_ready if self._rate is None else self._has_work_in_rate
+        served = self._waiters.hand_out(has_work, self._take_for)
         if served:
             self._kick_timer()  # new ack deadlines
         return served
@@ -304,9 +319,58 @@ class GroupRunner(QueueHooks, OperatorCalls):
             logger.exception("group=%s hand-out to waiting pulls failed", self.name)
 
     def _take_for(self, waiter: Waiter) -> list[Delivery]:
-        return self._engine.pull(
-            waiter.max_messages, waiter.topics, now_ms(), waiter.max_per_key, waiter.consumer
-        )
+        return self._take(waiter.max_messages, waiter.topics, waiter.max_per_key, waiter.consumer)
+
+    def _take(
+        self,
+        max_messages: int,
+        topics: Collection[str] | None,
+        max_per_key: int,
+        consumer: str | None,
+    ) -> list[Delivery]:
+        """One engine pull, within ``max_per_second`` when the group has one."""
+        rate = self._rate
+        if rate is None:
+            return self._engine.pull(max_messages, topics, now_ms(), max_per_key, consumer)
+        now = monotonic_s()
+        allowed = rate.allowance(max_messages, now)
+        if allowed == 0:
+            if self._engine.has_ready(topics):
+                self._hand_out_after(rate.held_back(now))
+            return []
+        deliveries = self._engine.pull(allowed, topics, now_ms(), max_per_key, consumer)
+        rate.spend(len(deliveries), now)
+        return deliveries
+
+    def _has_work_in_rate(self, topics: Collection[str] | None) -> bool:
+        """``has_ready`` for a rate-limited group: ready work *and* a token for it; when only
+        the token is missing, a hand-out is scheduled for when the next one is due."""
+        if not self._engine.has_ready(topics):
+            return False
+        assert self._rate is not None
+        now = monotonic_s()
+        if self._rate.allowance(1, now):
+            return True
+        self._hand_out_after(self._rate.held_back(now))
+        return False
+
+    def _hand_out_after(self, delay_s: float) -> None:
+        if self._rate_timer is None:
+            self._rate_timer = asyncio.get_running_loop().call_later(delay_s, self._rate_due)
+
+    def _rate_due(self) -> None:
+        self._rate_timer = None
+        self._scheduled_hand_out()
+
+    def queues_changed(self) -> None:
+        """The queues served here changed (cluster): the rate follows the owned share."""
+        if self._rate is not None and self._total_queues:
+            owned = len(self._engine.served_queues())
+            self._rate.set_share(owned / self._total_queues if self.cluster else 1.0)
+
+    def throttled_seconds(self) -> float:
+        """Time ``max_per_second`` held ready messages back (0 without a limit)."""
+        return 0.0 if self._rate is None else self._rate.throttled_seconds(monotonic_s())
 
     @property
     def waiting_pulls(self) -> int:
@@ -389,10 +453,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
             return PullResult([], applied, unknown)
-        now = now_ms()
         if consumer is not None:
-            self.activity.pulled(consumer, now)
-        deliveries = self._engine.pull(max_messages, topics, now, max_per_key, consumer)
+            self.activity.pulled(consumer, now_ms())
+        deliveries = self._take(max_messages, topics, max_per_key, consumer)
         if not deliveries and wait_ms > 0:
             waiter = Waiter(max_messages, topics, max_per_key, consumer)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)

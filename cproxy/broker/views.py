@@ -36,3 +36,5 @@ class GroupView:
     #: Deliveries and acks per second over the last minute.
     delivered_per_s: float = 0.0
     acked_per_s: float = 0.0
+    #: Time ``max_per_second`` held ready messages back, summed (cproxy.broker.rate).
+    throttled_ms: int = 0

@@ -81,11 +81,25 @@ def _add(sub: Commands, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def _serve(sub: Commands) -> None:
-    s = _add(sub, "serve", "run the service (flags override the config file)")
-    s.add_argument("--host", help="interface to bind (default: from the file, else 127.0.0.1)")
-    s.add_argument("--port", type=int, help="port to bind (default: from the file, else 9713)")
-    s.add_argument("--data-dir", type=Path, help="SQLite data directory (default: ./cproxy-data)")
-    s.add_argument("--config", type=Path, help="TOML file: topics, groups, tokens, limits")
+    s = _add(
+        sub,
+        "serve",
+        "run the service (flags override $CPROXY_* variables, which override the config file)",
+    )
+    s.add_argument(
+        "--host", help="interface to bind ($CPROXY_HOST; default: from the file, else 127.0.0.1)"
+    )
+    s.add_argument(
+        "--port", type=int, help="port to bind ($CPROXY_PORT; default: from the file, else 9713)"
+    )
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        help="SQLite data directory ($CPROXY_DATA_DIR; default: ./cproxy-data)",
+    )
+    s.add_argument(
+        "--config", type=Path, help="TOML file: topics, groups, tokens, limits ($CPROXY_CONFIG)"
+    )
     s.add_argument(
         "--tls-cert",
         type=Path,
@@ -102,7 +116,7 @@ def _serve(sub: Commands) -> None:
         "--store",
         metavar="URL",
         help="postgresql://user@host:5432/db: run on PostgreSQL, one cluster with every proxy "
-        "on that database (default: SQLite in --data-dir)",
+        "on that database ($CPROXY_STORE; default: SQLite in --data-dir)",
     )
     s.add_argument("--node-id", help="cluster: this proxy's name (default: <hostname>-<port>)")
     s.add_argument(

@@ -16,6 +16,7 @@ MAX_ACK_TIMEOUT_MS: Final = 43_200_000
 #: Upper bound of ``stuck_after_ms`` (a day) and of ``dead_letter_retention_ms`` (~100 years).
 MAX_STUCK_AFTER_MS: Final = 86_400_000
 MAX_RETENTION_MS: Final = 3_153_600_000_000
+MAX_PER_SECOND: Final = 1_000_000
 
 Start = Literal["earliest", "latest"]
 OnExhausted = Literal["dead_letter", "block"]
@@ -47,6 +48,9 @@ class GroupConfig:
     stuck_after_ms: int = 60_000
     #: Dead letters older than this are deleted by the retention pass; None keeps them.
     dead_letter_retention_ms: int | None = None
+    #: Deliveries per second of the whole group (pull and push); None: unlimited. The broker
+    #: enforces it (``cproxy.broker.rate``): the engine has no clock.
+    max_per_second: int | None = None
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -73,6 +77,7 @@ class GroupConfig:
             "max_buffered": self.max_buffered,
             "stuck_after_ms": self.stuck_after_ms,
             "dead_letter_retention_ms": self.dead_letter_retention_ms,
+            "max_per_second": self.max_per_second,
         }
 
     @classmethod
@@ -139,6 +144,11 @@ class GroupConfig:
             start=start,
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
+            max_per_second=(
+                None
+                if data.get("max_per_second") is None
+                else _int(data, "max_per_second", 0, 1, MAX_PER_SECOND)
+            ),
             push=push,
             filters=filters,
             transforms=transforms,
@@ -160,6 +170,7 @@ _KNOWN: Final = frozenset(
         "max_buffered",
         "stuck_after_ms",
         "dead_letter_retention_ms",
+        "max_per_second",
     }
 )
 

@@ -512,3 +512,15 @@ def test_many_groups_can_be_filtered(page: ConsolePage, client: httpx.Client) ->
         ),
         "every group again",
     )
+def test_a_rate_limited_group_shows_its_limit_and_throttled_time(
+    page: ConsolePage, client: httpx.Client
+) -> None:
+    create_topic(client, "slow", queues=1)
+    r = client.put("/v1/groups/slow-g", json={"topics": {"slow": {}}, "max_per_second": 500})
+    assert r.status_code == 200, r.text
+    put_group(client, "free-g", {"slow": "key"})
+    page.open()
+    page.wait_stat("slow-g", "throttled_ms", "0s")
+    assert "max 500/s" in page.text(f"{page.group('slow-g')} p.config")
+    assert not page.visible(f'{page.group("free-g")} [data-stat="throttled_ms"]')
+    assert "/s" not in page.text(f"{page.group('free-g')} p.config")

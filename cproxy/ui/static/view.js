@@ -189,6 +189,7 @@ function groupCard(g, now) {
     stat("dead_lettered", "dead letters", num(s.dead_lettered), null, s.dead_lettered > 0 ? "bad" : ""),
     "filtered" in s ? stat("filtered", "filtered", num(s.filtered)) : null,
     "delayed" in s ? stat("delayed", "delayed", num(s.delayed)) : null,
+    g.config.max_per_second != null ? stat("throttled_ms", "throttled", age(s.throttled_ms || 0)) : null,
     "lost_to_retention" in s ? stat("lost_to_retention", "lost to retention", num(s.lost_to_retention), null, s.lost_to_retention > 0 ? "bad" : "") : null));
   const queues = s.queues.map((q) => h("tr", { dataset: { topic: q.topic, qid: q.qid } },
     h("td", {}, q.topic), h("td", { class: "num" }, q.qid), h("td", { class: "num", dataset: { col: "committed" } }, num(q.committed_offset)),
@@ -202,7 +203,8 @@ function groupCard(g, now) {
   card.append(h("p", { class: "config" },
     `max_attempts ${c.max_attempts} · backoff ${(c.retry_backoff_ms || []).join("/")} ms · ack timeout ${num(c.ack_timeout_ms)} ms · on exhausted: ${c.on_exhausted} · max_buffered ${num(c.max_buffered)}`
     + ("stuck_after_ms" in c ? ` · stuck after ${num(c.stuck_after_ms)} ms` : "")
-    + (c.dead_letter_retention_ms ? ` · dead letters kept ${age(c.dead_letter_retention_ms)}` : "")));
+    + (c.dead_letter_retention_ms ? ` · dead letters kept ${age(c.dead_letter_retention_ms)}` : "")
+    + (c.max_per_second != null ? ` · max ${num(c.max_per_second)}/s` : "")));
   return card;
 }
 
