@@ -82,6 +82,7 @@ class Entry:
         "body_json",
         "chain",
         "charged",
+        "consumer",
         "deadline_ms",
         "due_ms",
         "last_error",
@@ -121,6 +122,8 @@ class Entry:
         self.blocked_since_ms = -1
         #: The body to deliver when the group transforms it (JSON); None: the stored body.
         self.body_json: bytes | None = None
+        #: Who the current (or last) delivery went to: the pull's consumer id; None: a push.
+        self.consumer: str | None = None
 
 
 class _TopicTally:

@@ -65,7 +65,7 @@ def test_a_stale_ack_for_a_sent_back_run_tail_is_unknown_after_its_next_delivery
     # earlier delivery, and must not finish the one another consumer now holds.
     stale = fenced_ack(h, run[2])
     assert stale.applied == 0 and stale.unknown == [("t", 0, 2)]
-    assert h.engine.stats().in_flight == 2
+    assert h.engine.stats(h.now).in_flight == 2
     assert fenced_ack(h, *again).applied == 2
 
 
@@ -78,7 +78,7 @@ def test_a_stale_result_for_a_given_back_delivery_is_unknown() -> None:
     assert (second.attempt, second.charged) == (2, 0)
     assert fenced_ack(h, first).unknown == [first.message.ref]
     assert fenced_fail(h, first).unknown == [first.message.ref]
-    assert h.engine.stats().in_flight == 1
+    assert h.engine.stats(h.now).in_flight == 1
     assert fenced_ack(h, second).applied == 1
 
 
@@ -129,7 +129,7 @@ def test_numbers_keep_growing_across_a_restart() -> None:
     }
     # A late ack from before the crash matches nothing.
     assert fenced_ack(h, before[0]).unknown == [("t", 0, 0)]
-    assert h.engine.stats().in_flight == 3
+    assert h.engine.stats(h.now).in_flight == 3
     # The next load reserves above what this one did.
     again = h.engine.take_commit().progress[("t", 0)].attempt_ceiling
     assert again == 2 * ATTEMPT_RESERVE
@@ -195,7 +195,7 @@ def test_a_parked_run_tail_keeps_its_numbers_when_read_back() -> None:
         h.produce(f"k{n}")  # other keys fill the buffer: the stuck chain is parked
     h.advance(200)  # past the next check of a full buffer
     h.fetch()
-    assert h.engine.stats().parked_keys == 1
+    assert h.engine.stats(h.now).parked_keys == 1
     while rest := [d for d in h.pull() if d.message.key != "a"]:
         fenced_ack(h, *rest)
     h.advance(60_000 - 200)

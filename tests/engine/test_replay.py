@@ -41,10 +41,10 @@ def test_only_that_value_is_delivered_again_in_order_and_offsets_stay() -> None:
     committed = h.engine.take_commit().progress[("t", 0)].committed
     assert committed == 4
     assert h.engine.replay("t", "a", found(h, "a")) == 2
-    assert h.engine.stats().replaying == 2
+    assert h.engine.stats(h.now).replaying == 2
     assert h.engine.take_commit().progress == {}  # held replays are no unfinished work
     assert drain(h) == [("a", 0, True), ("a", 2, True)]
-    assert h.engine.stats().replaying == 0
+    assert h.engine.stats(h.now).replaying == 0
     # Committed offsets do not move back (nothing to persist but what was there).
     progress = h.engine.take_commit()
     assert progress.progress == {} and progress.redrive_done == []
@@ -123,7 +123,7 @@ def test_a_replayed_message_out_of_attempts_is_dead_lettered_with_its_charged_co
     batch = h.engine.take_commit()
     assert [(d.message.offset, d.attempts) for d in batch.dead_letters] == [(0, 2)]
     assert batch.redrive_done == []
-    assert h.engine.stats().replaying == 0
+    assert h.engine.stats(h.now).replaying == 0
 
 
 def test_json_path_values_are_replayed_across_queues() -> None:
@@ -157,6 +157,6 @@ def test_a_seek_drops_a_replay_without_marking_dead_letters_done() -> None:
     h.ack(*h.pull())
     h.engine.replay("t", "a", found(h, "a"))
     h.engine.seek("t", {0: 1})
-    assert h.engine.stats().replaying == 0
+    assert h.engine.stats(h.now).replaying == 0
     assert h.engine.take_commit().redrive_done == []
     assert offsets(h.pull()) == []
