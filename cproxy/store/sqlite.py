@@ -76,6 +76,10 @@ _PENDING = "pending record batches"
 #: most this many messages: bigger rows would make a read from their middle decode more.
 MERGE_MAX = 128
 
+_UPSERT_PROGRESS = (
+    "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished) VALUES (?, ?, ?, ?, ?)"
+)
+
 
 class SqliteStore(SqliteTopics):
     """The SQLite ``Store``. See the module docstring for durability and concurrency; topics
@@ -267,11 +271,7 @@ class SqliteStore(SqliteTopics):
         ]
 
         def run(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished)"
-                " VALUES (?, ?, ?, ?, ?)",
-                progress_rows,
-            )
+            conn.executemany(_UPSERT_PROGRESS, progress_rows)
             # Deletes go first so a redriven message that was dead-lettered again stays dead.
             conn.executemany(
                 "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?",
@@ -286,6 +286,51 @@ class SqliteStore(SqliteTopics):
 
         # Progress rows touch no message rows: appends before and after it still share rows.
         await self._db.write(run, mergeable=True)
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[list[AppendResult]]:
+        # One append per topic: appends of one write do not see each other's staged offsets
+        # (``_append_tx`` stages them when the write succeeds), so outputs to the same topic
+        # go as one append, and their results are split again afterwards.
+        by_topic: dict[str, list[NewMessage]] = {}
+        for topic, messages in outputs:
+            by_topic.setdefault(topic, []).extend(messages)
+        # Resolve everything first: an unknown topic or qid raises before the transaction.
+        appends = []
+        for topic, messages in by_topic.items():
+            tid, queues = self._topic(topic)
+            qids = message_qids(topic, messages, queues)
+            appends.append((topic, tid, messages, qids))
+        progress_rows = [
+            (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
+            for (topic, qid), p in progress.items()
+        ]
+
+        def run(conn: sqlite3.Connection) -> dict[str, list[AppendResult]]:
+            stored = {
+                topic: self._append_tx(topic, tid, ms, qids, now_ms, dedup_window_ms, conn)
+                for topic, tid, ms, qids in appends
+                if ms
+            }
+            conn.executemany(_UPSERT_PROGRESS, progress_rows)
+            return stored
+
+        stored = await self._db.write(
+            run, weight=max(1, sum(len(ms) for _, ms in outputs)), mergeable=True
+        )
+        taken: dict[str, int] = {}
+        results: list[list[AppendResult]] = []
+        for topic, messages in outputs:
+            start = taken.get(topic, 0)
+            taken[topic] = start + len(messages)
+            results.append(stored.get(topic, [])[start : start + len(messages)])
+        return results
 
     # -- dead letters --------------------------------------------------------------------------
     def _dead_filter(self, topic: str | None) -> int | None:
