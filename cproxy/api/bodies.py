@@ -91,8 +91,17 @@ class Pull(_Strict):
     max_per_key: Annotated[int, msgspec.Meta(ge=1)] = 1
 
 
+class OutTopic(_Strict):
+    """Messages an ack stores with its results, in the produce call's shape."""
+
+    topic: str
+    messages: Annotated[list[OutMessage], msgspec.Meta(min_length=1)]
+
+
 class Ack(_Strict):
     results: list[QueueResults]
+    #: Outputs stored in one transaction with the results (every result fenced).
+    produce: list[OutTopic] | None = None
 
 
 #: The Structs whose JSON schemas the OpenAPI document declares (by class name).

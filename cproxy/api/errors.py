@@ -19,6 +19,7 @@ from starlette.responses import Response
 from cproxy import errors
 
 from .wire import error as error_response
+from .wire import refs
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def render(exc: errors.CproxyError | BadBody, method: str, path: str) -> Respons
     status = status_for(exc)
     if status >= 500:
         logger.warning("%s %s -> %d %s: %s", method, path, status, exc.code, exc.message)
-    response = error_response(status, exc.code, exc.message)
+    details = {"unknown": refs(exc.refs)} if isinstance(exc, errors.StaleResults) else {}
+    response = error_response(status, exc.code, exc.message, **details)
     if isinstance(exc, errors.Unauthorized):
         response.headers["WWW-Authenticate"] = challenge(exc)
     return response

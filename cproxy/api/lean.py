@@ -31,7 +31,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from cproxy.broker import Broker, WatchGone, watch_with_task
+from cproxy.broker import Broker, Output, WatchGone, watch_with_task
 from cproxy.config import Limits
 from cproxy.errors import CproxyError, TooLarge
 from cproxy.tokens import Token
@@ -286,7 +286,26 @@ async def _ack(
     authorizer: Authorizer = state.authorizer
     authorizer.check_topics(token, [r.topic for r in body.results])
     broker: Broker = state.broker
+    if body.produce is not None:
+        return await _ack_produce(state, params["group"], token, body, raw)
     return orjson.dumps(wire.outcome(broker.ack(params["group"], items.results(body.results))))
+
+
+async def _ack_produce(state: Any, group: str, token: Token | None, body: Ack, raw: bytes) -> bytes:
+    """An ack with outputs (guarantee 10): produce rights on every output topic, and the
+    produce call's limits over all of its messages together."""
+    assert body.produce is not None
+    authorizer: Authorizer = state.authorizer
+    for out in body.produce:
+        authorizer.check(token, "produce", [out.topic])
+    limits: Limits = state.settings.limits
+    count = sum(len(out.messages) for out in body.produce)
+    if count > limits.max_messages_per_call:
+        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
+    outputs = [Output(out.topic, *new_messages(out.messages, limits, raw)) for out in body.produce]
+    broker: Broker = state.broker
+    outcome, stored = await broker.ack_with_outputs(group, items.results(body.results), outputs)
+    return wire.ack_produced(outcome, [out.topic for out in outputs], stored)
 
 
 class LeanRoute(Route):
@@ -309,7 +328,12 @@ ROUTES = [
         "/v1/topics/{topic}/messages", PRODUCE, "Produce messages (atomic per call)", "topics"
     ),
     LeanRoute("/v1/groups/{group}/pull", PULL, "Apply results, then pull (long poll)", "groups"),
-    LeanRoute("/v1/groups/{group}/ack", ACK, "Apply acks and fails", "groups"),
+    LeanRoute(
+        "/v1/groups/{group}/ack",
+        ACK,
+        "Apply acks and fails; with produce, store outputs in the same transaction",
+        "groups",
+    ),
 ]
 
 

@@ -46,7 +46,7 @@ ROUTES: dict[tuple[str, str], tuple[dict[int, type[BaseModel]], tuple[int, ...]]
     ("get", "/v1/groups/{group}"): ({200: m.GroupOut}, (404,)),
     ("delete", "/v1/groups/{group}"): ({200: m.Deleted}, (404,)),
     ("post", "/v1/groups/{group}/pull"): ({200: m.PullAnswer}, (404,)),
-    ("post", "/v1/groups/{group}/ack"): ({200: m.ResultsOutcome}, (404,)),
+    ("post", "/v1/groups/{group}/ack"): ({200: m.AckOutcome}, (404, 409)),
     ("post", "/v1/groups/{group}/extend"): ({200: m.ResultsOutcome}, (404,)),
     ("post", "/v1/groups/{group}/seek"): ({200: m.SeekAnswer}, (404,)),
     ("get", "/v1/groups/{group}/dead-letters"): ({200: m.DeadLetterList}, (404,)),

@@ -20,6 +20,9 @@ class _Out(BaseModel):
 class ErrorDetail(_Out):
     code: str
     message: str
+    #: With a 409 ``stale_results`` (an ack with ``produce``): the results that were not
+    #: current deliveries.
+    unknown: list[MessageRefOut] | None = None
 
 
 class ErrorBody(_Out):
@@ -85,6 +88,20 @@ class Message(_Out):
 class ResultsOutcome(_Out):
     applied: int
     unknown: list[MessageRefOut]
+
+
+class ProducedOut(_Out):
+    topic: str
+    qid: int
+    offset: int
+    duplicate: bool
+
+
+class AckOutcome(ResultsOutcome):
+    """An ack's answer; with ``produce`` in the request also ``produced``: each output
+    message's place, in request order (``unknown`` is then empty)."""
+
+    produced: list[ProducedOut] | None = None
 
 
 class PullAnswer(_Out):

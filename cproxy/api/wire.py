@@ -35,8 +35,10 @@ def json_response(payload: Any, status_code: int = 200) -> Response:
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
 
 
-def error(status_code: int, code: str, message: str) -> Response:
-    return json_response({"error": {"code": code, "message": message}}, status_code)
+def error(status_code: int, code: str, message: str, **details: Any) -> Response:
+    """``{"error": {"code", "message", ...details}}`` (details: e.g. ``unknown`` of a 409
+    ``stale_results``)."""
+    return json_response({"error": {"code": code, "message": message, **details}}, status_code)
 
 
 # -- topics and produce ----------------------------------------------------------------------
@@ -89,6 +91,19 @@ def refs(items: Iterable[MessageRef]) -> list[dict[str, Any]]:
 
 def outcome(o: Outcome) -> dict[str, Any]:
     return {"applied": o.applied, "unknown": refs(o.unknown)}
+
+
+def ack_produced(
+    o: Outcome, outputs: Sequence[str], stored: Sequence[Sequence[AppendResult]]
+) -> bytes:
+    """An ack with ``produce``: the outcome and ``produced``, every output message's
+    ``{"topic", "qid", "offset", "duplicate"}`` in request order."""
+    produced = [
+        {"topic": topic, "qid": r.qid, "offset": r.offset, "duplicate": r.duplicate}
+        for topic, results in zip(outputs, stored, strict=True)
+        for r in results
+    ]
+    return _encode({**outcome(o), "produced": produced})
 
 
 def pull_answer(r: PullResult, runs: bool = False) -> bytes:

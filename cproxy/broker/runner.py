@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -31,7 +31,7 @@ from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
-from cproxy.errors import QueueNotOwned, StoreError
+from cproxy.errors import QueueNotOwned, StaleResults, StoreError
 from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
@@ -43,6 +43,8 @@ from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class PullResult(NamedTuple):
@@ -73,6 +75,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: When the timer task wakes next by itself (ms); 0 while it is not asleep.
         self._timer_due_ms = 0
         self._commit_kick = anyio.Event()
+        #: Progress writes one at a time (a cluster hand-over holds it too): a commit's
+        #: snapshot must never land after, and undo, what an ack with outputs wrote
+        #: (``apply_with``).
+        self.commit_lock = anyio.Lock()
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
         self._stopping = False
@@ -229,6 +235,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
 
     async def commit(self) -> None:
         """Persist progress, dead letters and finished redrives now."""
+        async with self.commit_lock:
+            await self._commit()
+
+    async def _commit(self) -> None:
         batch = self._engine.take_commit()
         if not batch:
             return
@@ -334,12 +344,59 @@ class GroupRunner(QueueHooks, OperatorCalls):
     # -- consumer calls ------------------------------------------------------------------------
     def apply(self, results: Iterable[Result]) -> Outcome:
         outcome = self._engine.apply_results(results, now_ms())
+        self._after_apply(outcome)
+        return outcome
+
+    def _after_apply(self, outcome: Outcome) -> None:
         if outcome.applied:
             self._after_finish()
             self._kick_timer()
             if self._engine.has_ready():
                 self._notify_ready()
-        return outcome
+
+    async def apply_with(
+        self,
+        results: Sequence[Result],
+        write: Callable[[dict[QueueRef, QueueProgress]], Awaitable[T]],
+    ) -> tuple[Outcome, T]:
+        """Apply ``results`` only once ``write(progress)`` persisted them (guarantee 10).
+
+        ``progress`` is that of the results' queues as it will be once they apply; ``write``
+        stores it with the outputs in one transaction. Until it returns the deliveries are
+        held (``GroupEngine.hold``): no timeout, extend or other result reaches them. Any
+        result not current: ``StaleResults`` and nothing happens. A failed write puts them
+        back in flight as they were and raises its error; a lost queue (cluster) is
+        ``StaleResults`` too, since its new owner delivers those messages again.
+        """
+        stale = self._engine.hold(results)
+        if stale:
+            raise StaleResults(stale)
+        # Shielded: a caller cancelled mid-transaction must not leave its results held
+        # (or put back in flight while the transaction still commits).
+        with anyio.CancelScope(shield=True):
+            try:
+                async with self.commit_lock:
+                    progress = self._engine.progress_after(results)
+                    written = await write(progress)
+            except QueueNotOwned as exc:
+                self._engine.unhold(results)
+                self._commit_kick.set()  # the committer finds the lost queues and drops them
+                lost = set(exc.refs)
+                raise StaleResults(
+                    [
+                        (r.topic, r.qid, o)
+                        for r in results
+                        if (r.topic, r.qid) in lost
+                        for o in [*r.acks, *(f for f, _ in r.fails)]
+                    ]
+                ) from exc
+            except BaseException:
+                self._engine.unhold(results)
+                self._kick_timer()
+                raise
+            outcome = self._engine.settle_held(results, now_ms(), progress)
+        self._after_apply(outcome)
+        return outcome, written
 
     async def pull(
         self,

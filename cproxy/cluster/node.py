@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +295,15 @@ class ClusterNode:
             await self._hand_over(queue, held, busy)
 
     async def _hand_over(self, queue: TidQid, held: Held, busy: int) -> None:
+        # Every group's progress writes wait meanwhile: an ack with outputs that committed
+        # between our snapshot and our write would be undone by it (the final progress
+        # would say its inputs are unfinished, and the new owner would deliver them again).
+        async with AsyncExitStack() as stack:
+            for runner in list(self._broker.groups.values()):
+                await stack.enter_async_context(runner.commit_lock)
+            await self._hand_over_locked(queue, held, busy)
+
+    async def _hand_over_locked(self, queue: TidQid, held: Held, busy: int) -> None:
         batches: list[tuple[Any, CommitBatch]] = []
         for runner in list(self._broker.groups.values()):
             batch = runner.take_commit()
