@@ -374,9 +374,8 @@ class GroupEngine(Operations, QueueSet):
                 held = self._held.pop((result.topic, result.qid, offset), None)
                 if held is not None and held[0].state is _IN_FLIGHT:
                     self._in_flight[(result.topic, result.qid, offset)] = held[0]
-        for ref, progress in persisted.items():
-            if ref in self._persisted:
-                self._persisted[ref] = progress
+        # What the store holds now: the next commit writes these queues only if they change.
+        self._persisted.update(persisted)
         return self.apply_results(results, now_ms)
 
     def unhold(self, results: Iterable[Result]) -> None:
