@@ -1,0 +1,159 @@
+"""The ack with outputs (``Broker.ack_with_outputs``, guarantee 10) over the memory store."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import anyio
+import orjson
+import pytest
+
+from cproxy.broker import Output
+from cproxy.broker.broker import Broker
+from cproxy.engine.records import Result
+from cproxy.engine.snapshots import Delivery
+from cproxy.errors import InvalidRequest, StaleResults, StoreError
+from cproxy.model import AppendResult, NewMessage, QueueProgress, QueueRef
+from cproxy.store.memory import MemoryStore
+from tests.broker.test_broker import config, items, running
+
+
+def fenced(*deliveries: Delivery) -> list[Result]:
+    return [
+        Result(
+            d.message.topic,
+            d.message.qid,
+            acks=[d.message.offset],
+            attempts={d.message.offset: d.attempt},
+        )
+        for d in deliveries
+    ]
+
+
+def outputs(*bodies: int) -> list[Output]:
+    return [Output("out", [NewMessage(None, orjson.dumps(b)) for b in bodies])]
+
+
+async def prepared(broker: Broker, keys: str = "ab", **group: object) -> list[Delivery]:
+    await broker.create_topic("t", 1)
+    await broker.create_topic("out", 1)
+    await broker.put_group("g", config(**group))
+    await broker.produce("t", items(*keys))
+    return (await broker.pull("g", 10, 1000, None, [])).deliveries
+
+
+async def test_results_and_outputs_are_durable_when_it_returns() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        a, b = await prepared(broker)
+        await broker.put_group("reader", config(topics={"out": {"order_by": "none"}}))
+        outcome, stored = await broker.ack_with_outputs("g", fenced(a), outputs(1, 2))
+        assert (outcome.applied, outcome.unknown) == (1, [])
+        assert [(r.qid, r.offset, r.duplicate) for r in stored[0]] == [(0, 0, False), (0, 1, False)]
+        # Durable before the answer: the stored progress already says a is finished.
+        persisted = (await store.load_progress("g"))["t", 0]
+        assert persisted.open == ((1, 2),)
+        assert [m.body_json for m in await store.read("out", 0, 0, 10)] == [b"1", b"2"]
+        # Outputs reach groups that read them, as produced messages do.
+        got = await broker.pull("reader", 10, 1000, None, [])
+        assert [d.message.body_json for d in got.deliveries] == [b"1", b"2"]
+
+
+async def test_a_stale_result_applies_and_stores_nothing() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        a, b = await prepared(broker)
+        late = Result("t", 0, acks=[b.message.offset], attempts={b.message.offset: 7})
+        with pytest.raises(StaleResults) as caught:
+            await broker.ack_with_outputs("g", [*fenced(a), late], outputs(1))
+        assert caught.value.refs == [("t", 0, b.message.offset)]
+        assert await store.read("out", 0, 0, 10) == []
+        # a is still in flight: its own ack applies.
+        assert broker.ack("g", fenced(a)).applied == 1
+
+
+async def test_the_same_call_twice_stores_once() -> None:
+    store = MemoryStore()
+    async with running(store) as broker:
+        a, _ = await prepared(broker)
+        await broker.ack_with_outputs("g", fenced(a), outputs(1))
+        with pytest.raises(StaleResults):
+            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+        assert len(await store.read("out", 0, 0, 10)) == 1
+
+
+async def test_every_result_must_name_its_attempt() -> None:
+    async with running(MemoryStore()) as broker:
+        a, _ = await prepared(broker)
+        plain = Result("t", 0, acks=[a.message.offset])
+        with pytest.raises(InvalidRequest, match="attempt"):
+            await broker.ack_with_outputs("g", [plain], outputs(1))
+
+
+class SlowStore(MemoryStore):
+    """``commit_with_outputs`` waits for ``go`` and then fails if ``fail`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writing = anyio.Event()
+        self.go = anyio.Event()
+        self.fail = False
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[list[AppendResult]]:
+        self.writing.set()
+        await self.go.wait()
+        if self.fail:
+            raise StoreError("injected failure")
+        return await super().commit_with_outputs(
+            group, progress, outputs, now_ms, dedup_window_ms
+        )
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["commits", "fails"])
+async def test_deliveries_are_guarded_while_the_transaction_runs(fail: bool) -> None:
+    store = SlowStore()
+    store.fail = fail
+    async with running(store) as broker:
+        (a,) = await prepared(broker, "aa", ack_timeout_ms=100, retry_backoff_ms=[10])
+        answer: list[object] = []
+
+        async def call() -> None:
+            try:
+                answer.append(await broker.ack_with_outputs("g", fenced(a), outputs(1)))
+            except StoreError as exc:
+                answer.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(5):
+                await store.writing.wait()
+            # Meanwhile: no other result or extend reaches it, and it does not time out.
+            assert broker.ack("g", fenced(a)).unknown == [a.message.ref]
+            assert broker.extend("g", [a.message.ref], 1000).unknown == [a.message.ref]
+            await anyio.sleep(0.3)  # three ack timeouts
+            assert broker._runner("g").stats().in_flight == 1
+            got = await broker.pull("g", 10, 0, None, [])
+            assert got.deliveries == []  # not redelivered, and a's next message still waits
+            store.go.set()
+        if fail:
+            assert isinstance(answer[0], StoreError)
+            assert await store.read("out", 0, 0, 10) == []
+            # Back in flight as it was: its deadline long passed, so it is delivered again.
+            with anyio.fail_after(5):
+                again = await broker.pull("g", 10, 2000, None, [])
+            assert [(d.message.ref, d.attempt) for d in again.deliveries] == [
+                (a.message.ref, a.attempt + 1)
+            ]
+        else:
+            assert not isinstance(answer[0], Exception)
+            assert len(await store.read("out", 0, 0, 10)) == 1
+            with anyio.fail_after(5):
+                nxt = await broker.pull("g", 10, 2000, None, [])
+            assert [(d.message.offset, d.attempt) for d in nxt.deliveries] == [(1, 1)]
