@@ -54,7 +54,7 @@ def out_offsets(client: httpx.Client) -> list[int]:
 
 def test_results_and_outputs_in_one_call(server: RunningServer) -> None:
     with fresh_client(server) as client:
-        a, b = setup(client, ["a", "b"])
+        a, _b = setup(client, ["a", "b"])
         body = {
             "results": fenced([a]),
             "produce": [
@@ -179,7 +179,9 @@ def test_outputs_need_produce_rights_on_every_output_topic(
         pipe.headers["authorization"] = f"Bearer {PIPE}"
         consumer.headers["authorization"] = f"Bearer {CONSUMER}"
         out = {"topic": "out", "messages": [{"body": 1}]}
-        response = consumer.post("/v1/groups/g/ack", json={"results": fenced([a]), "produce": [out]})
+        response = consumer.post(
+            "/v1/groups/g/ack", json={"results": fenced([a]), "produce": [out]}
+        )
         assert_error(response, 403, "forbidden")
         other = {"topic": "other", "messages": [{"body": 1}]}
         response = pipe.post(

@@ -45,7 +45,7 @@ async def prepared(broker: Broker, keys: str = "ab", **group: object) -> list[De
 async def test_results_and_outputs_are_durable_when_it_returns() -> None:
     store = MemoryStore()
     async with running(store) as broker:
-        a, b = await prepared(broker)
+        a, _b = await prepared(broker)
         await broker.put_group("reader", config(topics={"out": {"order_by": "none"}}))
         outcome, stored = await broker.ack_with_outputs("g", fenced(a), outputs(1, 2))
         assert (outcome.applied, outcome.unknown) == (1, [])
@@ -111,9 +111,7 @@ class SlowStore(MemoryStore):
         await self.go.wait()
         if self.fail:
             raise StoreError("injected failure")
-        return await super().commit_with_outputs(
-            group, progress, outputs, now_ms, dedup_window_ms
-        )
+        return await super().commit_with_outputs(group, progress, outputs, now_ms, dedup_window_ms)
 
 
 @pytest.mark.parametrize("fail", [False, True], ids=["commits", "fails"])

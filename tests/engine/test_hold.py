@@ -55,7 +55,7 @@ def test_progress_after_counts_the_held_acks_as_finished() -> None:
     h = Harness()
     for key in "abc":
         h.produce(key)
-    a, b, c = h.pull(10)
+    _a, b, _c = h.pull(10)
     results = fenced_ack(b)
     assert h.engine.hold(results) == []
     after = h.engine.progress_after(results)
@@ -115,7 +115,7 @@ def test_progress_after_for_a_restart_skips_what_was_held_and_settled() -> None:
     h = Harness()
     for key in "ab":
         h.produce(key)
-    a, b = h.pull(10)
+    a, _b = h.pull(10)
     results = fenced_ack(a)
     assert h.engine.hold(results) == []
     persisted = h.engine.progress_after(results)
