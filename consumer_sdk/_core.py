@@ -393,8 +393,10 @@ class ConsumerCore(Wakeups):
                 await self.pause(linger_s, lambda: done() or not ledger.outstanding)
             if done():
                 break
-            results = ledger.take_results(index)
             asked = min(cfg.max_messages, limit - ledger.outstanding)
+            if asked < 1:  # another server's puller took the room meanwhile
+                continue
+            results = ledger.take_results(index)
             started = time.monotonic()
             self._in_pull[index] = True
             try:

@@ -13,81 +13,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
-from consumer_sdk.errors import ClientError, ResourceConflict
-from consumer_sdk.models import QueueResult
+from consumer_sdk.errors import ClientError
+from tests.pipeline import GROUP, StaleWorker, check_outputs, inputs, read_all, transform
 from tests.support import wait_until
 from tests.test_kill_restart import ServerProcess, free_port
 
 pytestmark = pytest.mark.slow
 
 INPUTS = 1200
-KEYS = 40
-ACK_TIMEOUT_MS = 1000
 KILLS = 3
-GROUP = {
-    "topics": {"in": {"order_by": "key"}},
-    "ack_timeout_ms": ACK_TIMEOUT_MS,
-    "retry_backoff_ms": [50],
-    "max_attempts": 1000,  # never dead-letter: every input must get its output
-}
-
-
-def transform(msg: Message) -> Produce:
-    """The pipeline's one output per input: same key, the input's sequence in its key."""
-    return Produce("out", [{"key": msg.key, "body": {"n": msg.body["n"], "seq": msg.body["seq"]}}])
-
-
-def inputs() -> list[dict[str, Any]]:
-    seqs: dict[int, int] = defaultdict(int)
-    out = []
-    for n in range(INPUTS):
-        k = (n * 7) % KEYS
-        out.append({"key": f"k{k}", "body": {"n": n, "seq": seqs[k]}, "id": f"in-{n}"})
-        seqs[k] += 1
-    return out
-
-
-class StaleWorker(threading.Thread):
-    """Pulls a few inputs, sleeps past the ack timeout, then acks them with outputs: each call
-    must be refused (409 ``stale_results``) since the inputs were delivered again."""
-
-    def __init__(self, url: Callable[[], str], stop: threading.Event) -> None:
-        super().__init__(daemon=True)
-        self._url, self._halt = url, stop
-        self.refused = 0
-        self.accepted: list[int] = []
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            try:
-                with Client(self._url(), retry=RetryPolicy(max_attempts=1)) as client:
-                    got = client.pull("pipe", max_messages=3, wait_ms=200).messages
-                    if not got:
-                        continue
-                    self._halt.wait(ACK_TIMEOUT_MS * 2.5 / 1000)
-                    for m in got:
-                        result = QueueResult(
-                            m.topic, m.qid, (m.offset,), (), ((m.offset, m.attempt),)
-                        )
-                        try:
-                            client.ack("pipe", [result], produce=[transform(m)])
-                            # Possible only if the server still had it in flight: it was
-                            # restarted and numbered the redelivery alike (issue 28, part 1).
-                            self.accepted.append(m.body["n"])
-                        except ResourceConflict as exc:
-                            assert exc.code == "stale_results", exc
-                            self.refused += 1
-            except ClientError:
-                self._halt.wait(0.1)  # the server is down: try again
 
 
 @pytest.fixture
@@ -95,21 +36,6 @@ def server(tmp_path: Path) -> Iterator[ServerProcess]:
     proc = ServerProcess(tmp_path, port=free_port())
     yield proc
     proc.kill()
-
-
-def read_all(url: str, topic: str, least: int) -> list[Message]:
-    got: list[Message] = []
-    with Client(url) as client:
-        client.put_group(f"read-{topic}", {"topics": {topic: {"order_by": "none"}}})
-        deadline = time.monotonic() + 60
-        results: list[QueueResult] = []
-        while True:
-            answer = client.pull(f"read-{topic}", max_messages=500, wait_ms=300, results=results)
-            got += answer.messages
-            results = [QueueResult(m.topic, m.qid, (m.offset,)) for m in answer.messages]
-            if not answer.messages and len(got) >= least:
-                return sorted(got, key=lambda m: (m.qid, m.offset))
-            assert time.monotonic() < deadline, f"{len(got)} of {least} read"
 
 
 def finished(url: str) -> bool:
@@ -127,7 +53,7 @@ def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess
         client.create_topic("in", 2)
         client.create_topic("out", 2)
         client.put_group("pipe", GROUP)
-        batch = inputs()
+        batch = inputs(INPUTS)
         for start in range(0, INPUTS, 500):
             client.produce("in", batch[start : start + 500])
     handled: list[int] = []
@@ -168,17 +94,7 @@ def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess
         for w in workers:
             w.stop()
         stale.join(10)
-    outputs = read_all(server.url, "out", INPUTS)
-    counts: dict[int, int] = defaultdict(int)
-    for m in outputs:
-        counts[m.body["n"]] += 1
-    assert sorted(counts) == list(range(INPUTS)), "an input has no output"
-    assert [n for n, c in counts.items() if c != 1] == [], "an input has several outputs"
-    by_key: dict[str | None, list[int]] = defaultdict(list)
-    for m in outputs:
-        by_key[m.key].append(m.body["seq"])
-    for key, seqs in by_key.items():
-        assert seqs == list(range(len(seqs))), key
+    check_outputs(read_all(server.url, "out", INPUTS), INPUTS)
     assert stale.refused > 0, "the stale worker was never refused"
     assert len(handled) > INPUTS  # inputs were handled again (kills, stale worker)
     with httpx.Client(base_url=server.url) as http:
