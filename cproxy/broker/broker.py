@@ -28,8 +28,6 @@ from cproxy.model import (
     Message,
     MessageRef,
     NewMessage,
-    QueueProgress,
-    QueueRef,
     QueueStats,
     TopicInfo,
 )
@@ -415,14 +413,10 @@ class Broker(QueueHosting, OperatorActions):
         for out in outputs:
             await self._prepare(out.topic, out.messages, out.delays_ms, now)
         appends = [(out.topic, out.messages) for out in outputs]
-
-        async def write(progress: dict[QueueRef, QueueProgress]) -> list[list[AppendResult]]:
-            return await self.store.commit_with_outputs(
-                name, progress, appends, now, self.settings.dedup_window_ms
-            )
-
         try:
-            outcome, stored = await runner.apply_with(results, write)
+            outcome, stored = await runner.apply_with(
+                results, appends, self.settings.dedup_window_ms
+            )
         except StoreError:
             self._writes.append_failed()
             raise

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple
 
 import anyio
 from anyio.abc import TaskGroup
@@ -31,8 +31,8 @@ from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
-from cproxy.errors import QueueNotOwned, StaleResults, StoreError
-from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
+from cproxy.errors import QueueNotOwned, StoreError
+from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -41,10 +41,9 @@ from .push import PushLane, PushStats
 from .runner_ops import OperatorCalls
 from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
+from .with_outputs import Append, OutputCommits
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 class PullResult(NamedTuple):
@@ -77,8 +76,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
         self._commit_kick = anyio.Event()
         #: Progress writes one at a time (a cluster hand-over holds it too): a commit's
         #: snapshot must never land after, and undo, what an ack with outputs wrote
-        #: (``apply_with``).
+        #: (``with_outputs``).
         self.commit_lock = anyio.Lock()
+        self._outputs = OutputCommits(self.name, engine, store, self.commit_lock)
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
         self._stopping = False
@@ -355,48 +355,14 @@ class GroupRunner(QueueHooks, OperatorCalls):
                 self._notify_ready()
 
     async def apply_with(
-        self,
-        results: Sequence[Result],
-        write: Callable[[dict[QueueRef, QueueProgress]], Awaitable[T]],
-    ) -> tuple[Outcome, T]:
-        """Apply ``results`` only once ``write(progress)`` persisted them (guarantee 10).
-
-        ``progress`` is that of the results' queues as it will be once they apply; ``write``
-        stores it with the outputs in one transaction. Until it returns the deliveries are
-        held (``GroupEngine.hold``): no timeout, extend or other result reaches them. Any
-        result not current: ``StaleResults`` and nothing happens. A failed write puts them
-        back in flight as they were and raises its error; a lost queue (cluster) is
-        ``StaleResults`` too, since its new owner delivers those messages again.
-        """
-        stale = self._engine.hold(results)
-        if stale:
-            raise StaleResults(stale)
-        # Shielded: a caller cancelled mid-transaction must not leave its results held
-        # (or put back in flight while the transaction still commits).
-        with anyio.CancelScope(shield=True):
-            try:
-                async with self.commit_lock:
-                    progress = self._engine.progress_after(results)
-                    written = await write(progress)
-            except QueueNotOwned as exc:
-                self._engine.unhold(results)
-                self._commit_kick.set()  # the committer finds the lost queues and drops them
-                lost = set(exc.refs)
-                raise StaleResults(
-                    [
-                        (r.topic, r.qid, o)
-                        for r in results
-                        if (r.topic, r.qid) in lost
-                        for o in [*r.acks, *(f for f, _ in r.fails)]
-                    ]
-                ) from exc
-            except BaseException:
-                self._engine.unhold(results)
-                self._kick_timer()
-                raise
-            outcome = self._engine.settle_held(results, now_ms(), progress)
+        self, results: Sequence[Result], outputs: Sequence[Append], dedup_window_ms: int
+    ) -> tuple[Outcome, list[list[AppendResult]]]:
+        """Apply ``results`` and store ``outputs`` in one store transaction (guarantee 10;
+        ``with_outputs``): ``StaleResults`` when a result is not current, the store's error
+        when the transaction fails; nothing happens in either case."""
+        outcome, stored = await self._outputs.commit(results, outputs, dedup_window_ms)
         self._after_apply(outcome)
-        return outcome, written
+        return outcome, stored
 
     async def pull(
         self,

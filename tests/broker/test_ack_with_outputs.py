@@ -12,7 +12,7 @@ from cproxy.broker import Output
 from cproxy.broker.broker import Broker
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery
-from cproxy.errors import InvalidRequest, StaleResults, StoreError
+from cproxy.errors import InvalidRequest, QueueNotOwned, StaleResults, StoreError
 from cproxy.model import AppendResult, NewMessage, QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import config, items, running
@@ -155,3 +155,74 @@ async def test_deliveries_are_guarded_while_the_transaction_runs(fail: bool) -> 
             with anyio.fail_after(5):
                 nxt = await broker.pull("g", 10, 2000, None, [])
             assert [(d.message.offset, d.attempt) for d in nxt.deliveries] == [(1, 1)]
+
+
+class CountingStore(SlowStore):
+    """``SlowStore`` that counts transactions and may raise ``lose`` instead of writing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.transactions: list[int] = []  # outputs per transaction
+        self.lose: QueueNotOwned | None = None
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> list[list[AppendResult]]:
+        self.transactions.append(len(outputs))
+        if self.lose is not None:
+            raise self.lose
+        return await super().commit_with_outputs(group, progress, outputs, now_ms, dedup_window_ms)
+
+
+async def test_calls_arriving_during_a_transaction_share_the_next_one() -> None:
+    store = CountingStore()
+    async with running(store) as broker:
+        first, *others = await prepared(broker, "abcd")
+        answers: dict[int, object] = {}
+
+        async def call(d: Delivery) -> None:
+            answers[d.message.offset] = await broker.ack_with_outputs(
+                "g", fenced(d), outputs(d.message.offset)
+            )
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, first)
+            with anyio.fail_after(5):
+                await store.writing.wait()
+            for d in others:
+                tg.start_soon(call, d)
+            await anyio.sleep(0.05)  # all three are held and waiting
+            store.go.set()
+        assert store.transactions == [1, 3]
+        assert sorted(answers) == [0, 1, 2, 3]
+        bodies = [m.body_json for m in await store.read("out", 0, 0, 10)]
+        assert sorted(bodies) == [b"0", b"1", b"2", b"3"]
+        assert (await store.load_progress("g"))["t", 0].committed == 4
+
+
+async def test_a_lost_queue_refuses_its_calls_and_stores_nothing() -> None:
+    store = CountingStore()
+    store.go.set()
+    async with running(store) as broker:
+        await broker.create_topic("t", 2)
+        await broker.create_topic("out", 1)
+        await broker.put_group("g", config())
+        await broker.produce("t", [NewMessage("a", b"1", qid=0), NewMessage("b", b"2", qid=1)])
+        on0, on1 = sorted(
+            (await broker.pull("g", 10, 1000, None, [])).deliveries, key=lambda d: d.message.qid
+        )
+        store.lose = QueueNotOwned("lost", [("t", 0)])
+        with pytest.raises(StaleResults) as caught:
+            await broker.ack_with_outputs("g", fenced(on0), outputs(1))
+        assert caught.value.refs == [on0.message.ref]
+        with pytest.raises(StoreError):  # its queue is not lost: retry may succeed
+            await broker.ack_with_outputs("g", fenced(on1), outputs(1))
+        assert await store.read("out", 0, 0, 10) == []
+        store.lose = None
+        outcome, _ = await broker.ack_with_outputs("g", fenced(on1), outputs(1))
+        assert outcome.applied == 1
