@@ -100,6 +100,8 @@ async def test_the_async_consumer_sends_outputs_too_in_runs(server: RunningServe
             if consumer.stats().acked >= 100:
                 break
             await asyncio.sleep(0.05)
+        # Each run's next message was held only after the outputs before it were stored.
+        assert consumer.stats().unknown_results == 0
     outs = stored(server.url, "out", 200)
     assert len(outs) == 200
     by_key: dict[str | None, list[int]] = defaultdict(list)
