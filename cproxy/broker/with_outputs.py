@@ -5,9 +5,10 @@ the call is refused (``StaleResults``) and nothing changes. Held calls then wait
 group's next transaction: the first one to arrive leads it and takes every call held by then
 (group commit), so calls arriving while a transaction runs share the next one instead of
 waiting one transaction each. One transaction writes the outputs of all its calls and the
-progress of their queues as it is once their results apply (``progress_after``), under the
-runner's commit lock, so no other progress write of the group can land between the snapshot
-and the write (and undo it). Then each call's results are applied (``settle_held``).
+progress of their queues as it is once their results apply (``progress_after``; redriven
+dead letters they finish are deleted with it), under the runner's commit lock, so no other
+progress write of the group can land between the snapshot and the write (and undo it).
+Then each call's results are applied (``settle_held``).
 
 All or nothing per call: a transaction that fails fails every call in it, and their
 deliveries are in flight again as they were (``unhold``). On PostgreSQL with a fence, a
@@ -105,8 +106,9 @@ class OutputCommits:
         try:
             async with self._lock:
                 progress = self._engine.progress_after(results)
+                redrives = self._engine.held_redrives(results)
                 stored = await self._store.commit_with_outputs(
-                    self._name, progress, outputs, now_ms(), dedup_window_ms
+                    self._name, progress, outputs, now_ms(), dedup_window_ms, redrives
                 )
         except BaseException as exc:
             self._engine.unhold(results)

@@ -360,6 +360,18 @@ class GroupEngine(Operations, QueueSet):
                 )
         return out
 
+    def held_redrives(self, results: Iterable[Result]) -> list[MessageRef]:
+        """The redriven dead letters that held ``results`` ack: finished with them, so the
+        transaction deletes their dead letters too (a crash must not redrive them again)."""
+        out: list[MessageRef] = []
+        for result in results:
+            for offset in result.acks:
+                ref = (result.topic, result.qid, offset)
+                held = self._held.get(ref)
+                if held is not None and held[0].redriven:
+                    out.append(ref)
+        return out
+
     def settle_held(
         self,
         results: Sequence[Result],

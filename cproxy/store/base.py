@@ -208,9 +208,11 @@ class Store(MessageLog, GroupStateStore, Protocol):
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
-        """Append each output ``(topic, messages)`` and persist ``progress`` in one
-        transaction (see the module rules); the append results of each output, in order.
+        """Append each output ``(topic, messages)`` and persist ``progress`` (and finished
+        redrives, as ``commit`` does) in one transaction (see the module rules); the append
+        results of each output, in order.
         Raises ``TopicNotFound``/``InvalidRequest`` as ``append`` and ``commit`` do, and
         ``QueueNotOwned`` when a fenced queue of ``progress`` was lost; nothing is written
         then."""

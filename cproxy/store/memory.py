@@ -266,6 +266,7 @@ class MemoryStore:
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
         self._check_open()
         # Validate everything first: after that neither the appends nor the commit can fail,
@@ -275,7 +276,7 @@ class MemoryStore:
         for topic, _ in progress:
             self._topic(topic)
         results = [await self.append(t, ms, now_ms, dedup_window_ms) for t, ms in outputs]
-        await self.commit(group, progress)
+        await self.commit(group, progress, (), redrive_done)
         return results
 
     # -- dead letters --------------------------------------------------------------------------

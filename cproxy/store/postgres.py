@@ -57,7 +57,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from cproxy.model import AppendResult, NewMessage, QueueProgress, QueueRef
+from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store._pg_groups import PgGroupState
 from cproxy.store._pg_log import PgLog
 
@@ -75,6 +75,7 @@ class PostgresStore(PgLog, PgGroupState):
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
         # Outputs in topic order: every appender then takes its locks in one global order
         # (topic, then ids, then qids; see the module docstring), so none can deadlock.
@@ -90,7 +91,7 @@ class PostgresStore(PgLog, PgGroupState):
                     )
                     added += n
                 # Fenced: a proxy that lost an input queue writes nothing (QueueNotOwned).
-                await self.commit_within(conn, group, progress)
+                await self.commit_within(conn, group, progress, (), redrive_done)
             if added:
                 await self._maybe_prune(conn, added, now_ms, dedup_window_ms)
         return results

@@ -76,6 +76,7 @@ _PENDING = "pending record batches"
 #: most this many messages: bigger rows would make a read from their middle decode more.
 MERGE_MAX = 128
 
+_DELETE_DEAD_LETTER = "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?"
 _UPSERT_PROGRESS = (
     "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished) VALUES (?, ?, ?, ?, ?)"
 )
@@ -264,19 +265,12 @@ class SqliteStore(SqliteTopics):
         dead_rows = [
             dead_letter_row(group, self._topic(dl.message.topic)[0], dl) for dl in dead_letters
         ]
-        done_rows = [
-            (group, self._topics[topic][0], qid, off)
-            for topic, qid, off in redrive_done
-            if topic in self._topics
-        ]
+        done_rows = self._redrive_rows(group, redrive_done)
 
         def run(conn: sqlite3.Connection) -> None:
             conn.executemany(_UPSERT_PROGRESS, progress_rows)
             # Deletes go first so a redriven message that was dead-lettered again stays dead.
-            conn.executemany(
-                "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?",
-                done_rows,
-            )
+            conn.executemany(_DELETE_DEAD_LETTER, done_rows)
             conn.executemany(
                 "INSERT OR REPLACE INTO dead_letters (grp, tid, qid, off, key, id, headers, body,"
                 " produced_at_ms, attempts, last_error, dead_lettered_at_ms, redriving)"
@@ -287,6 +281,16 @@ class SqliteStore(SqliteTopics):
         # Progress rows touch no message rows: appends before and after it still share rows.
         await self._db.write(run, mergeable=True)
 
+    def _redrive_rows(
+        self, group: str, redrive_done: Sequence[MessageRef]
+    ) -> list[tuple[str, int, int, int]]:
+        # A topic that is gone has no dead letters left.
+        return [
+            (group, self._topics[topic][0], qid, off)
+            for topic, qid, off in redrive_done
+            if topic in self._topics
+        ]
+
     async def commit_with_outputs(
         self,
         group: str,
@@ -294,6 +298,7 @@ class SqliteStore(SqliteTopics):
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
         # One append per topic: appends of one write do not see each other's staged offsets
         # (``_append_tx`` stages them when the write succeeds), so outputs to the same topic
@@ -311,6 +316,7 @@ class SqliteStore(SqliteTopics):
             (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
             for (topic, qid), p in progress.items()
         ]
+        done_rows = self._redrive_rows(group, redrive_done)
 
         def run(conn: sqlite3.Connection) -> dict[str, list[AppendResult]]:
             stored = {
@@ -319,6 +325,7 @@ class SqliteStore(SqliteTopics):
                 if ms
             }
             conn.executemany(_UPSERT_PROGRESS, progress_rows)
+            conn.executemany(_DELETE_DEAD_LETTER, done_rows)
             return stored
 
         stored = await self._db.write(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import anyio
 import orjson
@@ -13,9 +14,9 @@ from cproxy.broker.broker import Broker
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery
 from cproxy.errors import InvalidRequest, QueueNotOwned, StaleResults, StoreError
-from cproxy.model import AppendResult, NewMessage, QueueProgress, QueueRef
+from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
-from tests.broker.test_broker import config, items, running
+from tests.broker.test_broker import SETTINGS, config, items, running
 
 
 def fenced(*deliveries: Delivery) -> list[Result]:
@@ -106,6 +107,7 @@ class SlowStore(MemoryStore):
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
         self.writing.set()
         await self.go.wait()
@@ -172,6 +174,7 @@ class CountingStore(SlowStore):
         outputs: Sequence[tuple[str, Sequence[NewMessage]]],
         now_ms: int,
         dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
     ) -> list[list[AppendResult]]:
         self.transactions.append(len(outputs))
         if self.lose is not None:
@@ -226,3 +229,21 @@ async def test_a_lost_queue_refuses_its_calls_and_stores_nothing() -> None:
         store.lose = None
         outcome, _ = await broker.ack_with_outputs("g", fenced(on1), outputs(1))
         assert outcome.applied == 1
+
+
+async def test_a_redriven_dead_letter_is_finished_in_the_same_transaction() -> None:
+    store = MemoryStore()
+    # Commits only when kicked (a dead letter is): none deletes the redrive meanwhile.
+    async with running(store, replace(SETTINGS, commit_interval_ms=600_000)) as broker:
+        (a,) = await prepared(broker, "a", max_attempts=1)
+        fail = Result("t", 0, fails=[(a.message.offset, "boom")], attempts={0: a.attempt})
+        assert broker.ack("g", [fail]).applied == 1
+        with anyio.fail_after(5):
+            while await store.count_dead_letters("g") == 0:
+                await anyio.sleep(0.01)
+        await broker.redrive("g", None)
+        again = (await broker.pull("g", 10, 2000, None, [])).deliveries
+        assert [d.message.ref for d in again] == [a.message.ref]
+        await broker.ack_with_outputs("g", fenced(*again), outputs(1))
+        # Deleted with the outputs, not at the next commit: a crash now redrives nothing.
+        assert await store.load_redriving("g") == []

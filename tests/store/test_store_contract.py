@@ -448,6 +448,19 @@ async def test_commit_with_outputs_without_outputs_writes_progress(store: Store)
     assert await store.load_progress("g") == {("in", 0): QueueProgress(2)}
 
 
+async def test_commit_with_outputs_finishes_redrives(store: Store) -> None:
+    messages = await _dead_lettered(store)
+    await store.create_topic("out", 1)
+    await store.commit("g", {}, [dead(m) for m in messages[:2]])
+    redriving = await store.start_redrive("g", "b")
+    assert len(redriving) == 2
+    done = redriving[0].message.ref
+    await store.commit_with_outputs(
+        "g", {("b", 1): QueueProgress(1)}, [("out", [new(0)])], T0, 0, [done]
+    )
+    assert [d.message.ref for d in await store.load_redriving("g")] == [redriving[1].message.ref]
+
+
 @pytest.mark.parametrize("broken", ["output topic", "output qid", "progress topic"])
 async def test_commit_with_outputs_is_all_or_nothing(store: Store, broken: str) -> None:
     await store.create_topic("in", 1)
