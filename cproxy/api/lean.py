@@ -232,6 +232,12 @@ def _shape_error(raw: bytes, exc: msgspec.ValidationError) -> BadBody:
 # -- the three calls -----------------------------------------------------------------------------
 
 
+def _check_count(count: int, limits: Limits) -> None:
+    """413 for more messages in one call than ``max_messages_per_call``."""
+    if count > limits.max_messages_per_call:
+        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
+
+
 async def _produce(
     state: Any,
     params: dict[str, str],
@@ -241,11 +247,7 @@ async def _produce(
     watch_gone: WatchGone,
 ) -> bytes:
     limits: Limits = state.settings.limits
-    if len(body.messages) > limits.max_messages_per_call:
-        raise TooLarge(
-            f"{len(body.messages)} messages in one call; the limit is "
-            f"{limits.max_messages_per_call}"
-        )
+    _check_count(len(body.messages), limits)
     broker: Broker = state.broker
     messages, delays = new_messages(body.messages, limits, raw)
     stored = await broker.produce(params["topic"], messages, delays)
@@ -299,9 +301,7 @@ async def _ack_produce(state: Any, group: str, token: Token | None, body: Ack, r
     for out in body.produce:
         authorizer.check(token, "produce", [out.topic])
     limits: Limits = state.settings.limits
-    count = sum(len(out.messages) for out in body.produce)
-    if count > limits.max_messages_per_call:
-        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
+    _check_count(sum(len(out.messages) for out in body.produce), limits)
     outputs = [Output(out.topic, *new_messages(out.messages, limits, raw)) for out in body.produce]
     broker: Broker = state.broker
     outcome, stored = await broker.ack_with_outputs(group, items.results(body.results), outputs)

@@ -117,7 +117,7 @@ def test_a_repeated_call_after_a_lost_answer_stores_nothing_twice(server: Runnin
         assert sum(out_offsets(client)) == 1
 
 
-def test_unfenced_results_and_bad_outputs_are_422(server: RunningServer) -> None:
+def test_unfenced_results_and_bad_outputs_are_refused(server: RunningServer) -> None:
     with fresh_client(server) as client:
         (a,) = setup(client, ["a"])
         plain = {"topic": "in", "qid": 0, "acks": [a["offset"]]}
@@ -144,6 +144,10 @@ def test_unfenced_results_and_bad_outputs_are_422(server: RunningServer) -> None
             json={"results": fenced([a]), "produce": [{"topic": "nope", "messages": [{}]}]},
         )
         assert_error(response, 404, "topic_not_found")
+        # The produce call's limits count every output message of the call.
+        many = [{"topic": "out", "messages": [{}] * 600}] * 2
+        response = client.post("/v1/groups/g/ack", json={"results": fenced([a]), "produce": many})
+        assert_error(response, 413, "too_large")
         assert out_offsets(client) == [0, 0]
         # Still in flight after all of those: the proper call goes through.
         response = client.post(
