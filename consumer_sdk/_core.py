@@ -161,6 +161,7 @@ class ConsumerCore(Wakeups):
 
     def _send_outputs(self, delivery: Delivery, outputs: list[Produce]) -> None:
         # The delivery stays outstanding until the call ends: draining waits for it.
+        delivery.sending = True
         self._spawn(send_outputs(self, delivery, outputs), "outputs")
 
     def outputs_done(self, delivery: Delivery, stored: bool) -> None:
