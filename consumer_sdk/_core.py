@@ -156,8 +156,11 @@ class ConsumerCore(Wakeups):
         assert loop is not None
         if threading.get_ident() == self._loop_thread:
             self._send_outputs(delivery, outputs)
-        else:
+            return
+        try:
             loop.call_soon_threadsafe(self._send_outputs, delivery, outputs)
+        except RuntimeError:  # the loop closed: a handler outlived drain_timeout_ms
+            pass
 
     def _send_outputs(self, delivery: Delivery, outputs: list[Produce]) -> None:
         # The delivery stays outstanding until the call ends: draining waits for it.
