@@ -15,6 +15,7 @@ them up after ``flush_timeout_ms`` of failures: the queue's new owner redelivers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -157,10 +158,9 @@ class ConsumerCore(Wakeups):
         if threading.get_ident() == self._loop_thread:
             self._send_outputs(delivery, outputs)
             return
-        try:
+        # RuntimeError: the loop closed (a handler outlived drain_timeout_ms).
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._send_outputs, delivery, outputs)
-        except RuntimeError:  # the loop closed: a handler outlived drain_timeout_ms
-            pass
 
     def _send_outputs(self, delivery: Delivery, outputs: list[Produce]) -> None:
         # The delivery stays outstanding until the call ends: draining waits for it.
