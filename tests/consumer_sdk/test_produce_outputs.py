@@ -4,6 +4,7 @@ with the sync and the async consumer against a real server."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import defaultdict
 
@@ -126,3 +127,29 @@ def test_the_client_raises_stale_results_and_stores_nothing(server: RunningServe
             client.ack("g", [result], produce=out)
         assert caught.value.code == "stale_results"
     assert len(stored(server.url, "out", 1)) == 1
+
+
+def test_a_late_handler_s_outputs_are_dropped_and_stored_once(server: RunningServer) -> None:
+    setup_topics(server.url, 4, 4)
+    late = threading.Event()
+
+    def handle(msg: Message) -> Produce:
+        if msg.body["n"] == 0 and msg.attempt == 1:
+            late.wait(0.8)  # past the ack timeout, and no lease extension: redelivered
+        return Produce("out", [{"key": msg.key, "body": {"from": msg.body["n"]}}])
+
+    consumer = Consumer(
+        server.url,
+        group="late",
+        topics=["in"],
+        handler=handle,
+        concurrency=4,
+        wait_ms=100,
+        extend_after_ms=60_000,
+        ensure_group={"order_by": "key", "ack_timeout_ms": 300, "retry_backoff_ms": [10]},
+    )
+    with consumer:
+        wait_until(lambda: consumer.stats().unknown_results >= 1, 20, message="a stale ack")
+        wait_until(lambda: consumer.stats().acked >= 4, 20, message="every input acked")
+    outs = stored(server.url, "out", 4)
+    assert sorted(m.body["from"] for m in outs) == [0, 1, 2, 3]
