@@ -228,8 +228,10 @@ class Broker(QueueHosting, OperatorActions):
         A message due more than ``limits.max_delay_ms`` from now is refused (InvalidRequest).
         """
         self._check_open()
+        if self.owned is not None:
+            await self.know_topic(topic)
         now = now_ms()
-        await self._prepare(topic, messages, delays_ms, now)
+        self._place(topic, messages, delays_ms, now)
         try:
             results = await self.store.append(topic, messages, now, self.settings.dedup_window_ms)
         except StoreError:
@@ -239,16 +241,15 @@ class Broker(QueueHosting, OperatorActions):
         self._stored(topic, results)
         return results
 
-    async def _prepare(
+    def _place(
         self,
         topic: str,
         messages: Sequence[NewMessage],
         delays_ms: Sequence[int | None] | None,
         now: int,
     ) -> None:
-        """Check and place messages to produce (the rules of every produce path)."""
-        if self.owned is not None:
-            await self.know_topic(topic)
+        """Check and place messages to produce (the rules of every produce path); in
+        cluster mode the caller has made sure this proxy knows the topic (``know_topic``)."""
         check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
         self._topics.place(topic, messages)
 
@@ -411,7 +412,9 @@ class Broker(QueueHosting, OperatorActions):
             self.check_lease()
         now = now_ms()
         for out in outputs:
-            await self._prepare(out.topic, out.messages, out.delays_ms, now)
+            if self.owned is not None:
+                await self.know_topic(out.topic)
+            self._place(out.topic, out.messages, out.delays_ms, now)
         appends = [(out.topic, out.messages) for out in outputs]
         try:
             outcome, stored = await runner.apply_with(
