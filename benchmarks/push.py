@@ -46,7 +46,7 @@ from benchmarks.harness.report import (
     median,
     progress,
 )
-from benchmarks.harness.server import servers
+from benchmarks.harness.server import free_port, servers
 from tests.push_receiver import STALL, Receiver
 
 TOPIC = "push-bench"
@@ -86,7 +86,7 @@ async def push_run(
     url: str, group: str, messages: int, healthy_total: int, args: Any, stall: bool
 ) -> dict[str, Any]:
     counter = Counter(args.stall_every if stall else None, args.stall_every)
-    receiver = Receiver(counter.decide, record=False).start()
+    receiver = Receiver(counter.decide, port=args.receiver_port, record=False).start()
     target = healthy_total if stall else messages
     try:
         async with client(url) as c:
@@ -214,7 +214,10 @@ def main() -> None:
     if args.quick:
         args.messages, args.rounds = 4000, 1
     out: dict[str, Any] = {"machine": machine_facts(), "args": vars(args) | {"json": None}}
-    with servers("cproxy-push-bench-") as (server, *_):
+    # The receiver is on loopback: the server's config lists its port (cproxy.push_targets).
+    args.receiver_port = free_port()
+    listed = f'[push]\nallowed_urls = ["http://127.0.0.1:{args.receiver_port}/"]\n'
+    with servers("cproxy-push-bench-", config_toml=listed) as (server, *_):
         out.update(run_loop(lambda: main_async(server.url, args)))
     finish(out, args, "push", report(out, args))
 

@@ -41,6 +41,9 @@ Example ``cproxy.toml``::
     [groups.billing]
     topics = { rides = { order_by = "key" } }
     max_attempts = 5
+
+    [push]                       # where groups may push (cproxy.push_targets)
+    allowed_urls = ["https://hooks.example.com/cproxy/"]
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from typing import Any, Final, Literal
 from cproxy.cluster.settings import ClusterSettings
 from cproxy.engine.group_config import GroupConfig
 from cproxy.errors import ConfigError, InvalidRequest
+from cproxy.push_targets import PushTargets
 from cproxy.tokens import Token, tokens_from_config
 
 #: Topic and group names: 1..200 of ``A-Z a-z 0-9 . _ -``, but not dots alone (``.`` and
@@ -134,8 +138,19 @@ class Settings:
     lease_ms: int = 5000
     #: None: the longest ack timeout of the groups.
     handover_timeout_ms: int | None = None
+    #: ``[push] allowed_urls``: URL prefixes groups may push to (``cproxy.push_targets``).
+    push_allowed_urls: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        targets = self.push_targets()  # validates the prefixes eagerly
+        for name, config in self.groups.items():
+            for topic, push in config.push.items():
+                try:
+                    # The config file is the operator's: privileged, but still not internal
+                    # addresses unless listed.
+                    targets.check_now(push.url, privileged=True)
+                except InvalidRequest as exc:
+                    raise ConfigError(f"groups.{name}.topics.{topic}.push: {exc.message}") from exc
         if self.store_url is not None:
             if not self.store_url.startswith(("postgresql://", "postgres://")):
                 raise ConfigError(f"the store URL must be postgresql://..., got {self.store_url!r}")
@@ -157,6 +172,10 @@ class Settings:
             lease_ms=self.lease_ms,
             handover_timeout_ms=self.handover_timeout_ms,
         )
+
+    def push_targets(self) -> PushTargets:
+        """The push destination rule of ``push_allowed_urls``."""
+        return PushTargets(self.push_allowed_urls)
 
     @property
     def auth_enabled(self) -> bool:
@@ -251,7 +270,8 @@ def _store_and_cluster(store: Mapping[str, Any], cluster: Mapping[str, Any]) -> 
 
 def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
     """Validate a parsed TOML document."""
-    unknown = set(raw) - {"server", "limits", "tokens", "topics", "groups", "store", "cluster"}
+    sections = {"server", "limits", "tokens", "topics", "groups", "store", "cluster", "push"}
+    unknown = set(raw) - sections
     if unknown:
         raise ConfigError(f"unknown section(s): {', '.join(sorted(unknown))}")
     topics: dict[str, int] = {}
@@ -293,7 +313,18 @@ def settings_from_mapping(raw: Mapping[str, Any]) -> Settings:
         topics=topics,
         topic_retention=retention,
         groups=groups,
+        push_allowed_urls=_push(dict(raw.get("push", {}))),
     )
+
+
+def _push(raw: Mapping[str, Any]) -> tuple[str, ...]:
+    unknown = set(raw) - {"allowed_urls"}
+    if unknown:
+        raise ConfigError(f"unknown setting(s) push.{', push.'.join(sorted(unknown))}")
+    urls = raw.get("allowed_urls", [])
+    if not isinstance(urls, list) or not all(isinstance(u, str) for u in urls):
+        raise ConfigError("push.allowed_urls must be a list of URL prefix strings")
+    return tuple(urls)
 
 
 def load_settings(path: Path | None = None, **overrides: Any) -> Settings:

@@ -36,6 +36,13 @@ class ConfigError(InvalidRequest):
     code = "invalid_config"
 
 
+class PushTargetRefused(InvalidRequest):
+    """A push URL points at a loopback, link-local or private address that ``[push]
+    allowed_urls`` does not list (maps to 422)."""
+
+    code = "push_target_refused"
+
+
 class NotFound(CproxyError):
     code = "not_found"
 

@@ -54,7 +54,7 @@ class Recorder:
 
     def observe(self, method: str, path: str, status: int, content_type: str, body: bytes) -> None:
         """The same for an answer of the lean HTTP protocol (``cproxy.api.lean_http``), which
-        serves the hot calls without going through this middleware."""
+        serves the endpoints without going through this middleware."""
         with self._lock:
             if len(self.seen) < MAX_KEPT:
                 self.seen.append((method, path, status, content_type, body))

@@ -155,7 +155,9 @@ class Receiver:
             return
         request.status = status
         request.answered_at = time.monotonic()
-        await send({"type": "http.response.start", "status": status, "headers": []})
+        # A redirect names the receiver itself: followed, it would arrive here once more.
+        headers = [(b"location", self.url.encode())] if 300 <= status < 400 else []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": b""})
 
 

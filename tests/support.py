@@ -46,7 +46,8 @@ class RunningServer:
     """A real cproxy server (uvicorn, SQLite store) on a free loopback port, in a thread."""
 
     def __init__(self, settings: Settings, *, lean_http: bool = True) -> None:
-        """``lean_http=False``: every call through ASGI (uvicorn's own httptools protocol)."""
+        """``lean_http=False``: every call through ASGI (uvicorn's own httptools protocol);
+        else as ``cproxy serve`` chooses (``CPROXY_LEAN_HTTP=0``: through ASGI too)."""
         self.settings = settings
         self.data_dir = settings.data_dir
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -60,7 +61,7 @@ class RunningServer:
         RUNNING.append(self)
         config = uvicorn.Config(
             self.recorder,
-            # As ``cproxy serve`` does: the hot calls answered by the lean protocol.
+            # As ``cproxy serve`` does: the endpoints answered by the lean protocol.
             http=protocol_for(self.app, observe=self.recorder.observe)
             if lean_http
             else "httptools",

@@ -17,6 +17,7 @@ import pytest
 from consumer_sdk import Client, ClientError, QueueResult, TransportError
 from cproxy import __version__
 from cproxy.cli import main
+from tests.conftest import ServerFactory
 from tests.support import RunningServer, wait_until
 
 
@@ -193,8 +194,9 @@ def test_groups_create_seek_delete(
 
 
 def test_groups_create_with_filter_transform_and_push(
-    server: RunningServer, capsys: pytest.CaptureFixture[str]
+    server_factory: ServerFactory, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    server = server_factory(push_allowed_urls=("http://127.0.0.1:9/",))  # a loopback push
     cli(server, capsys, "topics", "create", "t")
     created = cli(
         server, capsys, "groups", "create", "g", "--topic", "t",

@@ -82,12 +82,15 @@ def free_port() -> int:
 class ServerProcess:
     """``cproxy serve`` in a subprocess; restartable on the same data dir and port."""
 
-    def __init__(self, root: Path, port: int | None = None) -> None:
-        #: Restart on this port every time (clients keep their URL); None: a fresh one each.
+    def __init__(self, root: Path, extra_config: str = "", port: int | None = None) -> None:
+        """``extra_config``: more TOML for the config file (e.g. a ``[push]`` table);
+        ``port``: restart on it every time (clients keep their URL), else a fresh one each."""
         self.fixed_port = port
         self.data_dir = root / "data"
         self.config = root / "cproxy.toml"
-        self.config.write_text(f"[server]\ncommit_interval_ms = {COMMIT_INTERVAL_MS}\n")
+        self.config.write_text(
+            f"[server]\ncommit_interval_ms = {COMMIT_INTERVAL_MS}\n{extra_config}"
+        )
         self.log_path = root / "server.log"
         self.port = 0
         self.url = ""

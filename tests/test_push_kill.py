@@ -94,7 +94,8 @@ def _assert_in_order(acked: dict[str, list[int]], lifetime: str) -> None:
 
 def test_sigkill_while_pushing_loses_nothing_and_keeps_order(tmp_path: Path) -> None:
     receiver = Receiver(_decide_with(11)).start()
-    server = ServerProcess(tmp_path)
+    # The receiver is on loopback: the operator lists it, as a push there is refused otherwise.
+    server = ServerProcess(tmp_path, f'[push]\nallowed_urls = ["{receiver.url}"]\n')
     try:
         server.start()
         with httpx.Client(base_url=server.url, timeout=30) as client:

@@ -186,10 +186,12 @@ def running(
 
 
 @contextlib.contextmanager
-def servers(prefix: str, ab_ref: str | None = None) -> Iterator[list[ServerProcess]]:
+def servers(
+    prefix: str, ab_ref: str | None = None, config_toml: str = ""
+) -> Iterator[list[ServerProcess]]:
     """One server from this tree (label A), plus one from ``ab_ref`` (label B) when given
-    (``PURE_REF``: this tree, hot path from source), each on its own temporary data dir; all
-    stopped and cleaned up on exit."""
+    (``PURE_REF``: this tree, hot path from source), each on its own temporary data dir and
+    with ``config_toml`` as its config file; all stopped and cleaned up on exit."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         with contextlib.ExitStack() as stack:
@@ -198,6 +200,6 @@ def servers(prefix: str, ab_ref: str | None = None) -> Iterator[list[ServerProce
                 sources.append(this_tree_pure())
             elif ab_ref is not None:
                 sources.append(stack.enter_context(tree_at(ab_ref)))
-            yield [stack.enter_context(running(root, s.label, s)) for s in sources]
+            yield [stack.enter_context(running(root, s.label, s, config_toml)) for s in sources]
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""The FastAPI application: wiring only (settings, store, broker, routers, errors)."""
+"""The FastAPI application: wiring only (settings, store, broker, the routes, errors)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from contextlib import asynccontextmanager
 
 import anyio
 from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
 
 from cproxy import __version__
 from cproxy.broker import Broker
@@ -16,31 +15,25 @@ from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
-from . import cluster, errors, groups, health, lean, openapi, topics, ui
+from . import cluster, errors, groups, health, openapi, topics, ui
 from .auth import Authorizer
-from .limits import BodyLimit
+from .endpoint import Endpoint, route
 
 logger = logging.getLogger(__name__)
 
 
-class CproxyApp(FastAPI):
-    """FastAPI, with the hot calls (``lean.match``: produce, pull, ack) sent straight to
-    their lean endpoints, past the middleware stack and the router: those endpoints
-    authenticate, limit the body size and render errors themselves (``lean.py``)."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            found = lean.match(scope)
-            if found is not None:
-                endpoint, params = found
-                scope["app"] = self
-                scope["path_params"] = params
-                await endpoint(scope, receive, send)
-                return
-        await super().__call__(scope, receive, send)
+#: Every route, in the order the router searches them (each module lists its hot calls
+#: first: produce, pull, ack and extend are found after a match or two).
+ENDPOINTS: list[Endpoint] = [
+    *topics.ENDPOINTS,
+    *groups.ENDPOINTS,
+    *cluster.ENDPOINTS,
+    *health.ENDPOINTS,
+    *ui.ENDPOINTS,
+]
 
 
-def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
+def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
     """Build the app; the store defaults to SQLite under ``settings.data_dir``, or PostgreSQL
     in a cluster when ``settings.store_url`` is set."""
     if store is None and settings.store_url is not None:
@@ -82,7 +75,7 @@ def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
                 await broker.stop()
                 task_group.cancel_scope.cancel()
 
-    app = CproxyApp(
+    app = FastAPI(
         title="cproxy",
         version=__version__,
         summary="Ordered delivery per key without head-of-line blocking",
@@ -96,13 +89,8 @@ def create_app(settings: Settings, store: Store | None = None) -> CproxyApp:
     app.state.cluster = node
     app.state.authorizer = Authorizer(settings)
     errors.install(app)
-    # First in the router: other methods on these paths get their 405 without a search.
-    app.router.routes[:0] = lean.ROUTES
-    app.include_router(topics.router)
-    app.include_router(groups.router)
-    app.include_router(cluster.router)
-    app.include_router(health.router)
-    app.include_router(ui.router)
-    openapi.install(app)
-    app.add_middleware(BodyLimit, max_bytes=settings.limits.max_request_bytes)
+    # The one router: each endpoint runs the one prologue itself (endpoint.py), so there is
+    # no middleware of ours and no FastAPI route (FastAPI keeps the app, /docs, OpenAPI).
+    app.router.routes[:0] = [route(e) for e in ENDPOINTS]
+    openapi.install(app, ENDPOINTS)
     return app

@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Literal
-
-from fastapi import Request
 
 from cproxy.broker import Broker, GroupSummary
 from cproxy.config import Settings
@@ -65,19 +63,24 @@ class Authorizer:
         # digests of equal length keeps the comparison constant-time for plain tokens too.
         self._tokens = tuple((t.digest, t) for t in settings.tokens)
 
-    def identify(self, header: str | None) -> Token | None:
-        """The token behind an ``Authorization`` header.
+    def identify(self, header: bytes | None, repeated: bool = False) -> Token | None:
+        """The token behind the request's ``Authorization`` header (``repeated``: it came
+        more than once).
 
-        Raises ``Unauthorized`` when no bearer token is given and ``InvalidToken`` (also a
-        401, with ``error="invalid_token"`` in ``WWW-Authenticate``) for one nobody configured.
+        Raises ``Unauthorized`` when no bearer token is given or the header is repeated (a
+        gateway reading the first and a proxy reading the last would disagree on who
+        calls), and ``InvalidToken`` (also a 401, with ``error="invalid_token"`` in
+        ``WWW-Authenticate``) for a token nobody configured.
         """
         if not self.enabled:
             return None
-        scheme, _, rest = (header or "").strip().partition(" ")
+        if repeated:
+            raise Unauthorized("more than one Authorization header; send exactly one")
+        scheme, _, rest = (header or b"").strip().partition(b" ")
         presented = rest.strip()
-        if scheme.lower() != "bearer" or not presented:
+        if scheme.lower() != b"bearer" or not presented:
             raise Unauthorized("missing 'Authorization: Bearer <token>' header")
-        digest = hashlib.sha256(presented.encode("utf-8")).digest()
+        digest = hashlib.sha256(presented).digest()
         found: Token | None = None
         for expected, token in self._tokens:
             # Constant-time compare of every configured digest, with no early exit, so
@@ -135,7 +138,7 @@ class Authorizer:
         """Raise ``Forbidden`` if a topic named in a query or body is outside the scope.
 
         ``None`` entries (an optional filter left out) are ignored. Only the topic scope is
-        checked: the route's dependency already checked the role and the group.
+        checked: the prologue (``check_path``) already checked the role and the group.
         """
         scope = self.topic_scope(token)
         if scope is None:
@@ -144,6 +147,12 @@ class Authorizer:
         if outside:
             assert token is not None
             raise Forbidden(f"token {token.name!r} is not allowed on topic(s) {outside}")
+
+    @staticmethod
+    def may_push_anywhere(token: Token | None) -> bool:
+        """Whether ``token`` may set a push URL outside ``[push] allowed_urls`` (admin
+        only; anyone when auth is off)."""
+        return token is None or "admin" in token.roles
 
     # -- listings: the same rule, item by item -----------------------------------------------------
     def topic_scope(self, token: Token | None) -> frozenset[str] | None:
@@ -165,18 +174,6 @@ class Authorizer:
         return [g for g in groups if self.allows(token, "use_group", g.topics, g.name)]
 
 
-def require(action: Action) -> Callable[[Request], Awaitable[Token | None]]:
-    """A route dependency checking ``action`` against the path's topic/group."""
-
-    async def dependency(request: Request) -> Token | None:
-        token: Token | None = request.state.token  # set by CproxyRoute before parsing
-        state = request.app.state
-        check_path(state.authorizer, state.broker, token, action, request.path_params)
-        return token
-
-    return dependency
-
-
 def check_path(
     authorizer: Authorizer,
     broker: Broker,
@@ -185,7 +182,7 @@ def check_path(
     params: Mapping[str, str],
 ) -> None:
     """Raise ``Forbidden`` unless ``token`` may do ``action`` on the path's topic/group (the
-    check of ``require``, also made by the lean endpoints)."""
+    prologue of every endpoint, ``endpoint.py``)."""
     if token is None:
         return
     topics: list[str] = [params["topic"]] if "topic" in params else []

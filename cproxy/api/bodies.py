@@ -1,21 +1,23 @@
-"""Request bodies of the hot calls (produce, pull, ack) as msgspec ``Struct``s.
+"""Request bodies and query strings of every call, as msgspec ``Struct``s.
 
 msgspec decodes and validates in one pass over the request bytes (types, ranges, unknown
-fields), several times faster than parsing to dicts and validating them with pydantic. The
-shapes are those of the pydantic models they replaced, so clients see the same contract:
-strict types (no ``"1"`` for 1, no ``true`` for 1), unknown fields refused, the same ranges.
+fields), several times faster than parsing to dicts and validating them with pydantic:
+strict types (no ``"1"`` for 1, no ``true`` for 1), unknown fields refused (422). Range
+checks that belong to the domain (group settings, qids) are the engine's and the broker's;
+these types pin down shapes. The OpenAPI document takes its schemas from the same types
+(``openapi.py``), with the answers of ``answers.py``.
 
 A produced message's ``body`` is decoded as ``msgspec.Raw``: the exact JSON bytes the client
-sent, never turned into Python objects. ``cproxy.api.lean`` checks them once and stores them
-as they are (no re-encoding). The OpenAPI document takes these schemas from
-``schema_components`` (``cproxy.api.openapi``), so the shapes are declared in one place.
+sent, never turned into Python objects. ``cproxy.api.produced`` checks them once and stores
+them as they are (no re-encoding).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 #: Offsets and qids: JSON integers the store can hold (signed 64-bit).
 NonNegative = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
@@ -104,5 +106,77 @@ class Ack(_Strict):
     produce: list[OutTopic] | None = None
 
 
-#: The Structs whose JSON schemas the OpenAPI document declares (by class name).
-DOCUMENTED: tuple[type[msgspec.Struct], ...] = (Produce, Pull, Ack)
+class MessageRefBody(_Strict):
+    topic: str
+    qid: NonNegative
+    offset: NonNegative
+    #: Fences the extend to this delivery attempt (optional).
+    attempt: Attempt | None = None
+
+
+class Extend(_Strict):
+    messages: Annotated[list[MessageRefBody], msgspec.Meta(min_length=1)]
+    ack_timeout_ms: Annotated[int, msgspec.Meta(ge=10, le=43_200_000)] = 30_000
+
+
+#: A group's settings (``PUT /v1/groups/{group}``): an object, validated by the engine
+#: (``GroupConfig.from_dict``: ranges, defaults, expressions); its shape is documented by
+#: ``answers.GroupConfigBody``, the effective config a PUT answers.
+GroupSettings = Annotated[
+    dict[str, Any], msgspec.Meta(extra_json_schema={"$ref": "#/components/schemas/GroupConfigBody"})
+]
+
+
+#: A retention bound: a positive integer, or null for unbounded; left out: unchanged.
+Retention = Annotated[int, msgspec.Meta(ge=1, le=2**62)] | None | UnsetType
+
+
+class CreateTopic(_Strict):
+    """``retention_ms``/``retention_bytes`` left out: an existing topic keeps its own."""
+
+    name: str
+    queues: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 1
+    retention_ms: Retention = UNSET
+    retention_bytes: Retention = UNSET
+
+
+class UpdateTopic(_Strict):
+    """``PATCH /v1/topics/{topic}``: a field left out keeps its value; null is unbounded."""
+
+    retention_ms: Retention = UNSET
+    retention_bytes: Retention = UNSET
+
+
+class Timestamp(_Strict):
+    timestamp_ms: NonNegative
+
+
+class Seek(_Strict):
+    topic: str
+    to: Literal["earliest", "latest"] | NonNegative | Timestamp
+    qid: NonNegative | None = None
+
+
+class BlockedKeyAction(_Strict):
+    """Name the head either by order value or, for unordered messages, by qid and offset."""
+
+    topic: str
+    order_value: str | None = None
+    qid: NonNegative | None = None
+    offset: NonNegative | None = None
+
+
+class Redrive(_Strict):
+    topic: str | None = None
+
+
+# -- query strings (unknown parameters are ignored, as HTTP clients expect) ---------------------
+class DeadLetterQuery(msgspec.Struct):
+    topic: str | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+
+
+class BlockedKeysQuery(msgspec.Struct):
+    topic: str | None = None
+    min_blocked_ms: Annotated[int, msgspec.Meta(ge=0)] = 0
+    limit: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000

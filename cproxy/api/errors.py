@@ -1,28 +1,34 @@
-"""Map every error to the JSON error body ``{"error": {"code", "message"}}``.
+"""Every answer's bytes and every error's answer, rendered here and nowhere else.
 
-Domain errors map by class (a 401 also carries an RFC 6750 ``WWW-Authenticate`` challenge);
-request validation errors become 400 (not JSON at all) or 422 (JSON of the wrong shape);
-anything unexpected is logged with its traceback and becomes a 500 that reveals nothing.
+An answer is a ``Reply``: ``(status, headers, body)``, written by the ASGI adapter or the
+lean HTTP protocol alike. Errors are ``{"error": {"code", "message"}}``: domain errors map by
+class (a 401 also carries an RFC 6750 ``WWW-Authenticate`` challenge), a request body that is
+missing or not JSON is 400 and one of the wrong shape 422 (``bad_body``: the one translator
+of decoding errors), and anything unexpected is logged with its traceback and becomes a 500
+that reveals nothing (``internal``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
 from typing import Any
 
+import msgspec
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from cproxy import errors
 
-from .wire import error as error_response
 from .wire import refs
 
 logger = logging.getLogger(__name__)
 
+#: ``(status, headers, body)``: a whole answer; the headers include ``content-length``.
+Reply = tuple[int, list[tuple[bytes, bytes]], bytes]
+JSON = b"application/json"
 #: The realm named in ``WWW-Authenticate`` challenges.
 REALM = "cproxy"
 
@@ -38,26 +44,28 @@ STATUS: dict[type[errors.CproxyError], int] = {
 }
 
 
-def status_for(exc: errors.CproxyError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS:
-            return STATUS[cls]
-    return 500
+def reply(
+    body: bytes, status: int = 200, content_type: bytes = JSON, *extra: tuple[bytes, bytes]
+) -> Reply:
+    return (
+        status,
+        [(b"content-type", content_type), (b"content-length", b"%d" % len(body)), *extra],
+        body,
+    )
 
 
-def _describe(errs: Sequence[Any]) -> str:
-    parts = []
-    for err in errs[:5]:
-        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {err.get('msg', 'invalid')}")
-    more = f" (and {len(errs) - 5} more)" if len(errs) > 5 else ""
-    return "; ".join(parts) + more
+def json_reply(payload: Any, status: int = 200) -> Reply:
+    return reply(orjson.dumps(payload), status)
+
+
+def error_reply(status: int, code: str, message: str, *extra: tuple[bytes, bytes]) -> Reply:
+    return reply(orjson.dumps({"error": {"code": code, "message": message}}), status, JSON, *extra)
 
 
 class BadBody(Exception):
     """A request body that is missing (400 ``missing_body``), not JSON (400
-    ``invalid_json``) or of the wrong shape (422 ``validation_error``), found by the lean
-    endpoints' decoder (``lean.py``); the same answers FastAPI's validation errors get."""
+    ``invalid_json``) or of the wrong shape, a query string included (422
+    ``validation_error``)."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)
@@ -66,57 +74,99 @@ class BadBody(Exception):
         self.message = message
 
 
-def render(exc: errors.CproxyError | BadBody, method: str, path: str) -> Response:
+def status_for(exc: errors.CproxyError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+def render(exc: errors.CproxyError | BadBody, method: str, path: str) -> Reply:
     """The error answer for ``exc`` (a 401 with its ``WWW-Authenticate`` challenge)."""
     if isinstance(exc, BadBody):
-        return error_response(exc.status, exc.code, exc.message)
+        return error_reply(exc.status, exc.code, exc.message)
     status = status_for(exc)
     if status >= 500:
         logger.warning("%s %s -> %d %s: %s", method, path, status, exc.code, exc.message)
-    details = {"unknown": refs(exc.refs)} if isinstance(exc, errors.StaleResults) else {}
-    response = error_response(status, exc.code, exc.message, **details)
+    if isinstance(exc, errors.StaleResults):  # the results that were not current
+        error = {"code": exc.code, "message": exc.message, "unknown": refs(exc.refs)}
+        return reply(orjson.dumps({"error": error}), status, JSON)
     if isinstance(exc, errors.Unauthorized):
-        response.headers["WWW-Authenticate"] = challenge(exc)
-    return response
+        return error_reply(status, exc.code, exc.message, (b"www-authenticate", challenge(exc)))
+    return error_reply(status, exc.code, exc.message)
 
 
-async def _cproxy_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, errors.CproxyError)
-    return render(exc, request.method, request.url.path)
-
-
-def challenge(exc: errors.Unauthorized) -> str:
+def challenge(exc: errors.Unauthorized) -> bytes:
     """The RFC 6750 ``WWW-Authenticate`` value of a 401: the realm, plus
     ``error="invalid_token"`` when a bearer token was given but nobody configured it (no
     error code when no credentials came, as RFC 6750 section 3.1 asks)."""
     if isinstance(exc, errors.InvalidToken):
-        return f'Bearer realm="{REALM}", error="invalid_token"'
-    return f'Bearer realm="{REALM}"'
+        return f'Bearer realm="{REALM}", error="invalid_token"'.encode()
+    return f'Bearer realm="{REALM}"'.encode()
 
 
-async def _validation_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, RequestValidationError)
-    errs = exc.errors()
-    if any(e.get("type") == "json_invalid" for e in errs):
-        return error_response(400, "invalid_json", "the request body is not valid JSON")
-    if any(e.get("type") == "missing" and tuple(e.get("loc", ())) == ("body",) for e in errs):
-        return error_response(400, "missing_body", "this call needs a JSON request body")
-    return error_response(422, "validation_error", _describe(errs))
+def internal(method: str, path: str) -> Reply:
+    """The one 500: logged with the traceback being handled, nothing revealed."""
+    logger.exception("unhandled error on %s %s", method, path)
+    return error_reply(500, "internal_error", "internal error; see the server log")
+
+
+# -- decoding: the one translator ----------------------------------------------------------------
+_AT = re.compile(r"^(.*) - at `\$(.*)`$", re.DOTALL)
+_INDEX = re.compile(r"\[(\d+)\]")
+
+
+def describe(exc: msgspec.ValidationError) -> str:
+    """msgspec's "Expected `int`, got `str` - at `$.messages[0].qid`" as the API's
+    "messages.0.qid: Expected `int`, got `str`" (the path first, as for every 422)."""
+    found = _AT.match(str(exc))
+    if found is None:
+        return f"body: {exc}"
+    where = _INDEX.sub(r".\1", found.group(2)).lstrip(".")
+    return f"{where or 'body'}: {found.group(1)}"
+
+
+def not_json(raw: bytes) -> BadBody:
+    if not raw:
+        return BadBody(400, "missing_body", "this call needs a JSON request body")
+    return BadBody(400, "invalid_json", "the request body is not valid JSON")
+
+
+def bad_body(exc: Exception, raw: bytes | None) -> BadBody:
+    """The answer to a request a decoder refused with ``exc``: its body ``raw``, or its query
+    string (``raw`` None). msgspec stops at the first wrong field, possibly before bytes that
+    are not JSON at all: the body is parsed once more (only on this error path) so that those
+    stay a 400."""
+    if isinstance(exc, msgspec.ValidationError):
+        if raw is None:
+            return BadBody(422, "validation_error", f"query.{describe(exc)}")
+        try:
+            orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return not_json(raw)
+        return BadBody(422, "validation_error", describe(exc))
+    return not_json(raw or b"")
+
+
+# -- what FastAPI answers itself (unknown paths, other methods, /openapi.json failing) -----------
+def _response(answer: Reply) -> Response:
+    status, headers, body = answer
+    response = Response(body, status_code=status)
+    response.raw_headers = headers
+    return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, StarletteHTTPException)
+    assert isinstance(exc, HTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return error_response(exc.status_code, code, str(exc.detail))
+    extra = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+    return _response(error_reply(exc.status_code, code, str(exc.detail), *extra))
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return error_response(500, "internal_error", "internal error; see the server log")
+    return _response(internal(request.method, request.url.path))
 
 
 def install(app: FastAPI) -> None:
-    app.add_exception_handler(errors.CproxyError, _cproxy_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)

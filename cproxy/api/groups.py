@@ -1,147 +1,143 @@
-"""Consumer groups: config, extend and operator actions (pull and ack: ``lean.py``).
+"""Consumer groups: the consumer's calls (pull, ack, extend), config and operator actions.
 
-Routes parse the request, call the broker and serialize its answer with ``wire``; rules
-(limits, scopes, clocks) live in the broker and the authorizer.
+Each handler gets its request past the one prologue (``endpoint.py``: size, token, media
+type, body, the path's group), checks the topics its body names, calls the broker and
+answers with ``wire``'s shapes; rules (limits, scopes, clocks) live in the broker and the
+authorizer. A new route is a handler plus one ``Endpoint`` line in ``ENDPOINTS``.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Query, Request
-from starlette.responses import Response
+import orjson
 
-from cproxy.broker import GroupConfig
+from cproxy.broker import GroupConfig, Output
 from cproxy.config import check_name
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
-from cproxy.tokens import Token
 
-from . import wire
-from .auth import Authorizer, require
-from .deps import BrokerDep
-from .routing import CproxyRoute
-from .schemas import BlockedKeyAction, Extend, Redrive, Seek
-
-router = APIRouter(prefix="/v1/groups", tags=["groups"], route_class=CproxyRoute)
-UseGroup = Depends(require("use_group"))
-#: The token, once it passed the group's check (role, group scope, the group's topics).
-GroupToken = Annotated[Token | None, UseGroup]
-
-
-def _scoped(request: Request, token: Token | None, *named: str | None) -> Authorizer:
-    """Refuse (403) topics named in the query or body outside the token's topic scope."""
-    authorizer: Authorizer = request.app.state.authorizer
-    authorizer.check_topics(token, named)
-    return authorizer
-
-
-@router.get("", summary="List groups (extension)")
-async def list_groups(request: Request, broker: BrokerDep) -> Response:
-    authorizer: Authorizer = request.app.state.authorizer
-    visible = authorizer.visible_groups(request.state.token, broker.list_groups())
-    return wire.json_response(wire.group_list(visible))
-
-
-@router.put("/{group}", summary="Create or update a group")
-async def put_group(
-    group: str,
-    request: Request,
-    broker: BrokerDep,
-    token: GroupToken,
-    body: Annotated[dict[str, Any], Body(examples=[{"topics": {"orders": {"order_by": "key"}}}])],
-) -> Response:
-    check_name("group", group)
-    config = GroupConfig.from_dict(body)
-    request.app.state.authorizer.check(token, "use_group", config.topics, group)
-    effective, _ = await broker.put_group(group, config)
-    return wire.json_response(wire.group_config(group, effective.to_dict()))
-
-
-@router.get("/{group}", summary="Group config and stats", dependencies=[UseGroup])
-async def get_group(group: str, broker: BrokerDep) -> Response:
-    return wire.json_response(wire.group_view(await broker.describe_group(group)))
-
-
-@router.delete(
-    "/{group}",
-    summary="Delete a group and its progress",
-    dependencies=[Depends(require("delete_group"))],
+from . import answers as a
+from . import items, wire
+from .bodies import (
+    Ack,
+    BlockedKeyAction,
+    BlockedKeysQuery,
+    DeadLetterQuery,
+    Extend,
+    GroupSettings,
+    OutTopic,
+    Pull,
+    Redrive,
+    Seek,
 )
-async def delete_group(group: str, broker: BrokerDep) -> Response:
-    await broker.delete_group(group)
-    return wire.json_response({"deleted": group})
+from .endpoint import Call, Endpoint
+from .produced import check_count, new_messages
 
 
-@router.post(
-    "/{group}/extend",
-    summary="Extend the ack deadline of in-flight messages",
-)
-async def extend(
-    group: str, body: Extend, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, *(m.topic for m in body.messages))
-    refs: list[MessageRef] = [(m.topic, m.qid, m.offset) for m in body.messages]
-    attempts = {(m.topic, m.qid, m.offset): m.attempt for m in body.messages if m.attempt}
-    outcome = broker.extend(group, refs, body.ack_timeout_ms, attempts or None)
-    return wire.json_response(wire.outcome(outcome))
+# -- the consumer's calls (hot: as little work as the checks allow) -----------------------------
+async def pull(call: Call[Pull, None]) -> bytes:
+    body = call.body
+    call.check_topics([*(body.topics or ()), *(r.topic for r in body.results)])
+    answer = await call.broker.pull(
+        call.params["group"],
+        body.max_messages,
+        body.wait_ms,
+        body.topics,
+        items.results(body.results),
+        body.max_per_key,
+        gone=call.watch_gone,
+    )
+    return wire.pull_answer(answer, runs=body.max_per_key > 1)
 
 
-@router.post("/{group}/seek", summary="Move the group's position")
-async def seek(
-    group: str, body: Seek, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, body.topic)
+async def ack(call: Call[Ack, None]) -> bytes:
+    call.check_topics([r.topic for r in call.body.results])
+    if call.body.produce is not None:
+        return await _ack_produce(call, call.body.produce)
+    outcome = call.broker.ack(call.params["group"], items.results(call.body.results))
+    return orjson.dumps(wire.outcome(outcome))
+
+
+async def _ack_produce(call: Call[Ack, None], produce: list[OutTopic]) -> bytes:
+    """An ack with outputs (guarantee 10): produce rights on every output topic, and the
+    produce call's limits over all of its messages together."""
+    for out in produce:
+        call.authorizer.check(call.token, "produce", [out.topic])
+    limits = call.state.settings.limits
+    check_count(sum(len(out.messages) for out in produce), limits)
+    outputs = [Output(out.topic, *new_messages(out.messages, limits, call.raw)) for out in produce]
+    results = items.results(call.body.results)
+    outcome, stored = await call.broker.ack_with_outputs(call.params["group"], results, outputs)
+    return wire.ack_produced(outcome, [out.topic for out in outputs], stored)
+
+
+async def extend(call: Call[Extend, None]) -> bytes:
+    messages = call.body.messages
+    call.check_topics([m.topic for m in messages])
+    refs: list[MessageRef] = [(m.topic, m.qid, m.offset) for m in messages]
+    attempts = {(m.topic, m.qid, m.offset): m.attempt for m in messages if m.attempt}
+    outcome = call.broker.extend(
+        call.params["group"], refs, call.body.ack_timeout_ms, attempts or None
+    )
+    return orjson.dumps(wire.outcome(outcome))
+
+
+# -- config --------------------------------------------------------------------------------------
+async def list_groups(call: Call[None, None]) -> bytes:
+    visible = call.authorizer.visible_groups(call.token, call.broker.list_groups())
+    return orjson.dumps(wire.group_list(visible))
+
+
+async def put_group(call: Call[dict[str, Any], None]) -> bytes:
+    group = check_name("group", call.params["group"])
+    config = GroupConfig.from_dict(call.body)
+    call.authorizer.check(call.token, "use_group", config.topics, group)
+    privileged = call.authorizer.may_push_anywhere(call.token)
+    effective, _ = await call.broker.put_group(group, config, privileged=privileged)
+    return orjson.dumps(wire.group_config(group, effective.to_dict()))
+
+
+async def get_group(call: Call[None, None]) -> bytes:
+    return orjson.dumps(wire.group_view(await call.broker.describe_group(call.params["group"])))
+
+
+async def delete_group(call: Call[None, None]) -> bytes:
+    await call.broker.delete_group(call.params["group"])
+    return orjson.dumps({"deleted": call.params["group"]})
+
+
+# -- operator actions ----------------------------------------------------------------------------
+async def seek(call: Call[Seek, None]) -> bytes:
+    body = call.body
+    call.check_topics([body.topic])
     to = body.to if isinstance(body.to, str | int) else {"timestamp_ms": body.to.timestamp_ms}
-    targets = await broker.seek(group, body.topic, body.qid, to)
-    return wire.json_response(wire.seek(body.topic, targets))
+    targets = await call.broker.seek(call.params["group"], body.topic, body.qid, to)
+    return orjson.dumps(wire.seek(body.topic, targets))
 
 
-@router.get("/{group}/dead-letters", summary="List dead letters (of topics in the token's scope)")
-async def dead_letters(
-    group: str,
-    request: Request,
-    broker: BrokerDep,
-    token: GroupToken,
-    topic: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 100,
-) -> Response:
+async def dead_letters(call: Call[None, DeadLetterQuery]) -> bytes:
+    topic = call.query.topic
+    call.check_topics([topic])
     # A group keeps dead letters of topics it no longer reads: filter by each one's topic.
-    within = _scoped(request, token, topic).topic_scope(token)
-    rows = await broker.dead_letters(group, topic, limit, within)
-    return wire.json_response(wire.dead_letters(rows))
+    within = call.authorizer.topic_scope(call.token)
+    rows = await call.broker.dead_letters(call.params["group"], topic, call.query.limit, within)
+    return orjson.dumps(wire.dead_letters(rows))
 
 
-@router.post("/{group}/dead-letters/redrive", summary="Deliver dead letters again")
-async def redrive(
-    group: str,
-    request: Request,
-    broker: BrokerDep,
-    token: GroupToken,
-    body: Annotated[Redrive | None, Body()] = None,
-) -> Response:
-    topic = body.topic if body else None
-    within = _scoped(request, token, topic).topic_scope(token)
-    count = await broker.redrive(group, topic, within)
-    return wire.json_response({"redriven": count})
+async def redrive(call: Call[Redrive | None, None]) -> bytes:
+    topic = call.body.topic if call.body is not None else None
+    call.check_topics([topic])
+    within = call.authorizer.topic_scope(call.token)
+    count = await call.broker.redrive(call.params["group"], topic, within)
+    return orjson.dumps({"redriven": count})
 
 
-@router.get(
-    "/{group}/blocked-keys",
-    summary="Order values whose head is not acked yet",
-)
-async def blocked_keys(
-    group: str,
-    request: Request,
-    broker: BrokerDep,
-    token: GroupToken,
-    topic: str | None = None,
-    min_blocked_ms: Annotated[int, Query(ge=0)] = 0,
-    limit: Annotated[int, Query(ge=1, le=100_000)] = 1000,
-) -> Response:
-    _scoped(request, token, topic)
-    rows = broker.blocked_keys(group, topic, min_blocked_ms, limit)
-    return wire.json_response(wire.blocked_keys(rows))
+async def blocked_keys(call: Call[None, BlockedKeysQuery]) -> bytes:
+    q = call.query
+    call.check_topics([q.topic])
+    rows = call.broker.blocked_keys(call.params["group"], q.topic, q.min_blocked_ms, q.limit)
+    return orjson.dumps(wire.blocked_keys(rows))
 
 
 def _target(body: BlockedKeyAction) -> tuple[str | None, MessageRef | None]:
@@ -152,22 +148,57 @@ def _target(body: BlockedKeyAction) -> tuple[str | None, MessageRef | None]:
     return None, (body.topic, body.qid, body.offset)
 
 
-@router.post("/{group}/blocked-keys/skip", summary="Dead-letter a blocked head")
-async def skip(
-    group: str, body: BlockedKeyAction, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, body.topic)
-    value, ref = _target(body)
-    return wire.json_response(wire.ref("skipped", broker.skip(group, body.topic, value, ref)))
+async def skip(call: Call[BlockedKeyAction, None]) -> bytes:
+    call.check_topics([call.body.topic])
+    value, ref = _target(call.body)
+    skipped = call.broker.skip(call.params["group"], call.body.topic, value, ref)
+    return orjson.dumps(wire.ref("skipped", skipped))
 
 
-@router.post(
-    "/{group}/blocked-keys/release",
-    summary="Retry a blocked head now with a fresh attempt budget",
-)
-async def release(
-    group: str, body: BlockedKeyAction, request: Request, broker: BrokerDep, token: GroupToken
-) -> Response:
-    _scoped(request, token, body.topic)
-    value, ref = _target(body)
-    return wire.json_response(wire.ref("released", broker.release(group, body.topic, value, ref)))
+async def release(call: Call[BlockedKeyAction, None]) -> bytes:
+    call.check_topics([call.body.topic])
+    value, ref = _target(call.body)
+    released = call.broker.release(call.params["group"], call.body.topic, value, ref)
+    return orjson.dumps(wire.ref("released", released))
+
+
+G = "/v1/groups/{group}"
+ENDPOINTS = [
+    # The consumer's calls first: the route table is searched in this order.
+    Endpoint("POST", f"{G}/pull", pull, action="use_group", body=Pull,
+             summary="Apply results, then pull (long poll)", answers={200: a.PullAnswer},
+             errors=(404,)),
+    Endpoint("POST", f"{G}/ack", ack, action="use_group", body=Ack,
+             summary="Apply acks and fails; with produce, store outputs in the same transaction",
+             answers={200: a.AckOutcome}, errors=(404, 409)),
+    Endpoint("POST", f"{G}/extend", extend, action="use_group", body=Extend,
+             summary="Extend the ack deadline of in-flight messages",
+             answers={200: a.ResultsOutcome}, errors=(404,)),
+    # Any token may list (``read_topics``: every role); the list is filtered.
+    Endpoint("GET", "/v1/groups", list_groups, action="read_topics",
+             summary="List groups (extension)", answers={200: a.GroupList}),
+    Endpoint("PUT", G, put_group, action="use_group", body=GroupSettings,
+             summary="Create or update a group", answers={200: a.GroupConfigOut},
+             errors=(404,)),
+    Endpoint("GET", G, get_group, action="use_group", summary="Group config and stats",
+             answers={200: a.GroupOut}, errors=(404,)),
+    Endpoint("DELETE", G, delete_group, action="delete_group",
+             summary="Delete a group and its progress", answers={200: a.Deleted},
+             errors=(404,)),
+    Endpoint("POST", f"{G}/seek", seek, action="use_group", body=Seek,
+             summary="Move the group's position", answers={200: a.SeekAnswer}, errors=(404,)),
+    Endpoint("GET", f"{G}/dead-letters", dead_letters, action="use_group",
+             query=DeadLetterQuery, summary="List dead letters (of topics in the token's scope)",
+             answers={200: a.DeadLetterList}, errors=(404,)),
+    Endpoint("POST", f"{G}/dead-letters/redrive", redrive, action="use_group", body=Redrive,
+             optional_body=True, summary="Deliver dead letters again",
+             answers={200: a.Redriven}, errors=(404,)),
+    Endpoint("GET", f"{G}/blocked-keys", blocked_keys, action="use_group",
+             query=BlockedKeysQuery, summary="Order values whose head is not acked yet",
+             answers={200: a.BlockedKeyList}, errors=(404,)),
+    Endpoint("POST", f"{G}/blocked-keys/skip", skip, action="use_group", body=BlockedKeyAction,
+             summary="Dead-letter a blocked head", answers={200: a.Skipped}, errors=(404, 409)),
+    Endpoint("POST", f"{G}/blocked-keys/release", release, action="use_group",
+             body=BlockedKeyAction, summary="Retry a blocked head now with a fresh attempt budget",
+             answers={200: a.Released}, errors=(404, 409)),
+]  # fmt: skip

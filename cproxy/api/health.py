@@ -1,33 +1,38 @@
-"""Liveness, readiness and metrics (never behind auth: probes and scrapers have no token)."""
+"""Liveness, readiness and metrics: public endpoints (no token: probes and scrapers have none),
+otherwise on the same request path as every route."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
-from starlette.responses import Response
-
-from .deps import BrokerDep
-from .wire import json_response
-
-router = APIRouter(tags=["health"])
+from . import answers as a
+from .endpoint import Call, Endpoint
+from .errors import Reply, json_reply, reply
 
 
-@router.get("/healthz", summary="The process is alive")
-async def healthz() -> Response:
-    return json_response({"status": "ok"})
+async def healthz(call: Call[None, None]) -> bytes:
+    return b'{"status":"ok"}'
 
 
-@router.get("/readyz", summary="The broker takes work and the store takes writes")
-async def readyz(broker: BrokerDep) -> Response:
+async def readyz(call: Call[None, None]) -> Reply:
     """200 ``{"status": "ready"}``, or 503 ``{"status": "unavailable"}`` while shutting down,
     when the store's write probe fails (read-only database, full disk) or shortly after an
     append failed (see ``Broker.ready``)."""
-    if await broker.ready():
-        return json_response({"status": "ready"})
-    return json_response({"status": "unavailable"}, 503)
+    if await call.broker.ready():
+        return json_reply({"status": "ready"})
+    return json_reply({"status": "unavailable"}, 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics")
-async def metrics(request: Request) -> Response:
-    return Response(
-        request.app.state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
-    )
+async def metrics(call: Call[None, None]) -> Reply:
+    text: bytes = call.state.metrics.render()
+    return reply(text, 200, PROMETHEUS)
+
+
+PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
+ENDPOINTS = [
+    Endpoint("GET", "/healthz", healthz, action=None, summary="The process is alive",
+             answers={200: a.Status}),
+    Endpoint("GET", "/readyz", readyz, action=None,
+             summary="The broker takes work and the store takes writes",
+             answers={200: a.Status, 503: a.Status}),
+    Endpoint("GET", "/metrics", metrics, action=None, summary="Prometheus metrics",
+             answers={200: str}, content_type="text/plain"),
+]  # fmt: skip

@@ -1,31 +1,35 @@
-"""The hot calls (produce, pull, ack) answered from uvicorn's HTTP protocol, below ASGI.
+"""Every endpoint answered from uvicorn's HTTP protocol, below ASGI (the uvicorn hook).
 
 At batch 10 a produce or a pull carries ten messages, and uvicorn's ASGI cycle per request
 (a scope, a ``RequestResponseCycle``, ``receive`` and ``send`` messages, two socket writes)
 was about a quarter of the server's CPU (docs/benchmarks.md, round 8). ``LeanHttpProtocol``
-is uvicorn's httptools protocol with one change: a ``POST`` to a hot path gets a
-``LeanCycle``, which hands the parsed headers and body to the lean endpoint (``lean.py``) and
-writes its answer with one write. The connection stays uvicorn's: keep-alive and its
-timeout, pipelining, flow control, ``Expect: 100-continue``, graceful shutdown.
+is uvicorn's httptools protocol with one change: a request the route table knows
+(``endpoint.RouteTable``: the router's own routes) gets a ``LeanCycle``, which hands the
+parsed headers and body to the endpoint's ``respond`` (the same prologue and answers as
+through ASGI) and writes its answer with one write. The connection stays uvicorn's:
+keep-alive and its timeout, pipelining, flow control, ``Expect: 100-continue``, graceful
+shutdown. Anything else (``/docs``, ``/openapi.json``, unknown paths, other methods) goes
+through ASGI.
 
-Every other request goes through ASGI and ``CproxyApp``, which reach the same endpoints, so
-an answer is the same bytes either way (the header order aside). With a concurrency limit
-or a root path the protocol leaves everything to ASGI; without httptools ``protocol_for``
-answers ``"auto"`` (uvicorn's choice).
+It subclasses uvicorn's private classes, so ``protocol_for`` checks first that they are as
+this module expects (``incompatibility``: uvicorn's source, read once at start) and falls
+back to uvicorn's own protocol with one WARNING when they are not. ``CPROXY_LEAN_HTTP=0`` in
+the environment turns the hook off (the suite runs both ways: .ci/run). With a concurrency
+limit or a root path the protocol leaves everything to ASGI.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
+import os
+import re
 import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from cproxy.errors import TooLarge
-
-from .lean import Disconnected, LeanEndpoint, match_path
-from .limits import too_large_message
+from .endpoint import Disconnected, Endpoint, RouteTable, too_large
 
 logger = logging.getLogger(__name__)
 
@@ -43,41 +47,88 @@ except ImportError:  # pragma: no cover - httptools is a dependency; uvicorn may
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+#: What uvicorn's protocol reads on a cycle: all a ``LeanCycle`` provides (uvicorn 0.54).
+_CYCLE_USE = frozenset(
+    {"body", "disconnected", "keep_alive", "message_event", "more_body", "response_complete",
+     "run_asgi"}
+)  # fmt: skip
+#: What this module reads or calls on the protocol (each must be one of its own).
+_PROTOCOL_USE = frozenset(
+    {"app", "connection_lost", "cycle", "expect_100_continue", "flow", "headers",
+     "limit_concurrency", "logger", "loop", "on_headers_complete", "on_response_complete",
+     "parser", "pipeline", "root_path", "server_state", "tasks", "transport", "url"}
+)  # fmt: skip
+
+
+def incompatibility() -> str | None:
+    """What in uvicorn's httptools protocol is not as ``LeanHttpProtocol`` expects (read
+    from its source), or None when all is: the protocol reads no other attribute of a cycle
+    than ``_CYCLE_USE``, has everything of ``_PROTOCOL_USE``, and its status lines and
+    default headers are where they were."""
+    if HttpToolsProtocol is None:
+        return "uvicorn's httptools protocol cannot be imported"
+    try:
+        source = inspect.getsource(HttpToolsProtocol)
+    except (OSError, TypeError) as exc:
+        return f"its source cannot be read ({exc})"
+    used = set(re.findall(r"\bcycle\.(\w+)", source)) - _CYCLE_USE
+    if used:
+        return f"it uses cycle attribute(s) {sorted(used)} that LeanCycle lacks"
+    defined = set(re.findall(r"\bself\.(\w+)", source)) | set(dir(HttpToolsProtocol))
+    missing = _PROTOCOL_USE - defined
+    if missing:
+        return f"it lacks {sorted(missing)}"
+    if "default_headers" not in source and "default_headers" not in inspect.getsource(
+        RequestResponseCycle
+    ):
+        return "server_state.default_headers is gone"
+    if not isinstance(STATUS_LINE, dict) or 200 not in STATUS_LINE:
+        return "STATUS_LINE is not a table of status lines"
+    return None
 
 
 def protocol_for(app: Any, observe: Observer | None = None) -> type[asyncio.Protocol] | str:
-    """The ``http`` setting of ``uvicorn.Config`` serving ``app`` (a ``CproxyApp``): the lean
-    protocol bound to ``app``, or ``"auto"`` without httptools."""
-    if HttpToolsProtocol is None:
+    """The ``http`` setting of ``uvicorn.Config`` serving ``app``: the lean protocol bound
+    to ``app``'s state and route table; uvicorn's own (``"auto"``) with ``CPROXY_LEAN_HTTP=0``
+    or, after one WARNING, when uvicorn's internals are not as expected."""
+    if os.environ.get("CPROXY_LEAN_HTTP", "1") == "0":
+        logger.info("lean HTTP protocol off (CPROXY_LEAN_HTTP=0): every call through ASGI")
         return "auto"
-    return type(
-        "LeanHttpProtocol", (LeanHttpProtocol,), {"lean_state": app.state, "observe": observe}
-    )
+    problem = incompatibility()
+    if problem is not None:
+        logger.warning(
+            "lean HTTP protocol off, every call through ASGI: uvicorn's httptools protocol "
+            "is not as tested (%s)",
+            problem,
+        )
+        return "auto"
+    attributes = {"lean_state": app.state, "table": RouteTable(app.router.routes)}
+    return type("LeanHttpProtocol", (LeanHttpProtocol,), {**attributes, "observe": observe})
 
 
 if HttpToolsProtocol is not None:
 
     class LeanHttpProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol; hot calls get a ``LeanCycle`` instead of ASGI."""
+        """uvicorn's httptools protocol; known routes get a ``LeanCycle`` instead of ASGI."""
 
         #: The app's state (settings, broker, authorizer), set by ``protocol_for``.
         lean_state: Any = None
+        table: RouteTable
         observe: Observer | None = None
 
         def on_headers_complete(self) -> None:
             if (
                 self.limit_concurrency is None
                 and not self.root_path
-                and self.parser.get_method() == b"POST"
                 and not self.parser.should_upgrade()
             ):
-                raw_path = httptools.parse_url(self.url).path
-                path = raw_path.decode("ascii")
+                parsed = httptools.parse_url(self.url)
+                path = parsed.path.decode("ascii")
                 if "%" in path:
                     path = urllib.parse.unquote(path)
-                found = match_path(path)
+                found = self.table.find(self.parser.get_method(), path)
                 if found is not None:
-                    self._start_lean(path, *found)
+                    self._start_lean(path, parsed.query or b"", *found)
                     return
             super().on_headers_complete()
 
@@ -88,10 +139,10 @@ if HttpToolsProtocol is not None:
                 cycle.client_gone()
 
         def _start_lean(
-            self, path: str, endpoint: LeanEndpoint[Any], params: dict[str, str]
+            self, path: str, query: bytes, endpoint: Endpoint, params: dict[str, str]
         ) -> None:
             keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
-            cycle = LeanCycle(self, path, endpoint, params, keep_alive)
+            cycle = LeanCycle(self, path, query, endpoint, params, keep_alive)
             existing = self.cycle
             self.cycle = cycle
             if existing is None or existing.response_complete:
@@ -103,7 +154,7 @@ if HttpToolsProtocol is not None:
                 self.pipeline.appendleft((cycle, self.app))
 
     class LeanCycle(RequestResponseCycle):
-        """One hot request. Has what the protocol reads and sets on a cycle (``body``,
+        """One request to an endpoint. Has what the protocol reads and sets on a cycle (``body``,
         ``more_body``, ``message_event``, ``disconnected``, ``keep_alive``,
         ``response_complete``) and ``run_asgi``, by which the protocol starts it; is the
         ``Exchange`` the endpoint reads. No scope, no ASGI messages; a waiting pull learns
@@ -114,7 +165,8 @@ if HttpToolsProtocol is not None:
             self,
             protocol: LeanHttpProtocol,
             path: str,
-            endpoint: LeanEndpoint[Any],
+            query: bytes,
+            endpoint: Endpoint,
             params: dict[str, str],
             keep_alive: bool,
         ) -> None:
@@ -133,6 +185,7 @@ if HttpToolsProtocol is not None:
             self.response_started = False
             self.response_complete = False
             self.path = path
+            self.query_string = query
             self.headers: Iterable[tuple[bytes, bytes]] = protocol.headers
             self._endpoint = endpoint
             self._params = params
@@ -149,7 +202,7 @@ if HttpToolsProtocol is not None:
                 if self.disconnected:
                     raise Disconnected
                 if len(self.body) > max_bytes:
-                    raise TooLarge(too_large_message(len(self.body), max_bytes))
+                    raise too_large(len(self.body), max_bytes)
                 if not self.more_body:
                     return bytes(self.body)
                 self.flow.resume_reading()  # the protocol pauses reading past 64 KiB held
@@ -205,7 +258,8 @@ if HttpToolsProtocol is not None:
             self.message_event.set()
             if self._observe is not None:
                 content_type = next((v for n, v in headers if n == b"content-type"), b"")
-                self._observe("POST", self.path, status, content_type.decode(), body)
+                method = self._endpoint.method
+                self._observe(method, self.path, status, content_type.decode(), body)
             if not self.keep_alive:
                 self.transport.close()
             self.on_response()

@@ -31,7 +31,7 @@ from cproxy.errors import InvalidRequest, TooLarge
 from cproxy.model import NewMessage
 
 from .bodies import OutMessage
-from .errors import BadBody
+from .errors import not_json
 
 _astuple: Final = msgspec.structs.astuple
 #: ``OutMessage``'s fields in declaration order, as ``new_messages`` unpacks them.
@@ -94,11 +94,18 @@ def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         # msgspec took it as JSON, orjson does not (invalid UTF-8, 1e400): not JSON, as before.
-        raise BadBody(400, "invalid_json", "the request body is not valid JSON") from None
+        raise not_json(raw) from None
     try:
         return orjson.dumps(value)
     except orjson.JSONEncodeError as exc:
         raise InvalidRequest(f"messages[{index}].body cannot be stored as JSON: {exc}") from exc
+
+
+def check_count(count: int, limits: Limits) -> None:
+    """413 for more messages in one call than ``max_messages_per_call`` (a produce call, or
+    the outputs of an ack with ``produce`` together)."""
+    if count > limits.max_messages_per_call:
+        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
 
 
 def new_messages(

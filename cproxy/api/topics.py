@@ -1,75 +1,85 @@
-"""Topics (produce is a lean endpoint: ``lean.py``)."""
+"""Topics and produce."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import orjson
+from msgspec import UNSET
 
-from fastapi import APIRouter, Depends, Request
-from starlette.responses import Response
+from cproxy.config import check_name
 
-from cproxy.tokens import Token
-
+from . import answers as a
 from . import wire
-from .auth import require
-from .deps import BrokerDep
-from .routing import CproxyRoute
-from .schemas import CreateTopic, UpdateTopic
-
-router = APIRouter(prefix="/v1/topics", tags=["topics"], route_class=CproxyRoute)
+from .bodies import CreateTopic, Produce, UpdateTopic
+from .endpoint import Call, Endpoint
+from .errors import Reply, json_reply
+from .produced import check_count, new_messages
 
 
-@router.post("", summary="Create a topic (idempotent)", status_code=201)
-async def create_topic(
-    body: CreateTopic,
-    request: Request,
-    broker: BrokerDep,
-    token: Annotated[Token | None, Depends(require("create_topic"))],
-) -> Response:
-    request.app.state.authorizer.check(token, "create_topic", [body.name])
+async def produce(call: Call[Produce, None]) -> bytes:
+    limits = call.state.settings.limits
+    check_count(len(call.body.messages), limits)
+    messages, delays = new_messages(call.body.messages, limits, call.raw)
+    stored = await call.broker.produce(call.params["topic"], messages, delays)
+    return wire.produce_answer(stored)
+
+
+async def create_topic(call: Call[CreateTopic, None]) -> Reply:
+    body = call.body
+    check_name("topic", body.name)
+    call.authorizer.check(call.token, "create_topic", [body.name])
     retention = None
-    if body.model_fields_set & {"retention_ms", "retention_bytes"}:
-        retention = (body.retention_ms, body.retention_bytes)
-    info, created = await broker.create_topic(body.name, body.queues, retention)
-    return wire.json_response(wire.topic(info), 201 if created else 200)
+    if body.retention_ms is not UNSET or body.retention_bytes is not UNSET:
+        retention = (
+            None if body.retention_ms is UNSET else body.retention_ms,
+            None if body.retention_bytes is UNSET else body.retention_bytes,
+        )
+    info, created = await call.broker.create_topic(body.name, body.queues, retention)
+    return json_reply(wire.topic(info), 201 if created else 200)
 
 
-@router.patch(
-    "/{topic}",
-    summary="Change a topic's retention",
-    dependencies=[Depends(require("create_topic"))],
-)
-async def update_topic(topic: str, body: UpdateTopic, broker: BrokerDep) -> Response:
-    info = broker.topic(topic)
-    given = body.model_fields_set
-    info = await broker.update_topic(
+async def update_topic(call: Call[UpdateTopic, None]) -> bytes:
+    topic = call.params["topic"]
+    info = call.broker.topic(topic)
+    body = call.body
+    info = await call.broker.update_topic(
         topic,
-        body.retention_ms if "retention_ms" in given else info.retention_ms,
-        body.retention_bytes if "retention_bytes" in given else info.retention_bytes,
+        info.retention_ms if body.retention_ms is UNSET else body.retention_ms,
+        info.retention_bytes if body.retention_bytes is UNSET else body.retention_bytes,
     )
-    return wire.json_response(wire.topic(info))
+    return orjson.dumps(wire.topic(info))
 
 
-@router.delete(
-    "/{topic}",
-    summary="Delete a topic no group reads (admin)",
-    dependencies=[Depends(require("delete_topic"))],
-)
-async def delete_topic(topic: str, broker: BrokerDep) -> Response:
-    await broker.delete_topic(topic)
-    return wire.json_response({"deleted": topic})
+async def delete_topic(call: Call[None, None]) -> bytes:
+    await call.broker.delete_topic(call.params["topic"])
+    return orjson.dumps({"deleted": call.params["topic"]})
 
 
-@router.get("", summary="List topics (those in the token's scope)")
-async def list_topics(
-    request: Request,
-    broker: BrokerDep,
-    token: Annotated[Token | None, Depends(require("read_topics"))],
-) -> Response:
-    visible = request.app.state.authorizer.visible_topics(token, broker.list_topics())
-    return wire.json_response(wire.topics(visible))
+async def list_topics(call: Call[None, None]) -> bytes:
+    visible = call.authorizer.visible_topics(call.token, call.broker.list_topics())
+    return orjson.dumps(wire.topics(visible))
 
 
-@router.get("/{topic}", summary="Describe a topic", dependencies=[Depends(require("read_topics"))])
-async def get_topic(topic: str, broker: BrokerDep) -> Response:
-    info = broker.topic(topic)
-    return wire.json_response(wire.topic_detail(info, await broker.queue_stats(topic)))
+async def get_topic(call: Call[None, None]) -> bytes:
+    topic = call.params["topic"]
+    info = call.broker.topic(topic)
+    return orjson.dumps(wire.topic_detail(info, await call.broker.queue_stats(topic)))
+
+
+T = "/v1/topics/{topic}"
+ENDPOINTS = [
+    Endpoint("POST", f"{T}/messages", produce, action="produce", body=Produce,
+             summary="Produce messages (atomic per call)", answers={200: a.ProduceResults},
+             errors=(404,)),
+    Endpoint("POST", "/v1/topics", create_topic, action="create_topic", body=CreateTopic,
+             summary="Create a topic (idempotent)", answers={201: a.Topic, 200: a.Topic},
+             errors=(409,)),
+    Endpoint("GET", "/v1/topics", list_topics, action="read_topics",
+             summary="List topics (those in the token's scope)", answers={200: a.TopicList}),
+    Endpoint("GET", T, get_topic, action="read_topics", summary="Describe a topic",
+             answers={200: a.TopicDetail}, errors=(404,)),
+    Endpoint("PATCH", T, update_topic, action="create_topic", body=UpdateTopic,
+             summary="Change a topic's retention", answers={200: a.Topic}, errors=(404,)),
+    Endpoint("DELETE", T, delete_topic, action="delete_topic",
+             summary="Delete a topic no group reads (admin)", answers={200: a.Deleted},
+             errors=(404, 409)),
+]  # fmt: skip

@@ -6,40 +6,43 @@ carries the operator's bearer token and is checked like any other ``/v1`` call.
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-from starlette.responses import RedirectResponse, Response
-
 from cproxy.errors import NotFound
 from cproxy.ui import load_assets
 
-router = APIRouter(tags=["console"], include_in_schema=False)
+from .endpoint import Call, Endpoint
+from .errors import Reply, reply
 
 _ASSETS = load_assets()
 #: The console changes only with the package: let browsers revalidate rather than guess.
-_HEADERS = {"cache-control": "no-cache", "x-content-type-options": "nosniff"}
+_HEADERS = ((b"cache-control", b"no-cache"), (b"x-content-type-options", b"nosniff"))
 
 
-@router.get("/ui")
-async def console() -> Response:
+async def console(call: Call[None, None]) -> Reply:
     """The console page. Its asset and API links are relative to ``/ui``, so the console also
     works behind a reverse proxy that mounts cproxy under a path prefix."""
     return _asset("index.html")
 
 
-@router.get("/ui/")
-async def console_slash() -> Response:
+async def console_slash(call: Call[None, None]) -> Reply:
     # Relative links resolve differently under "/ui/": send the browser to the one true URL.
-    return RedirectResponse("../ui", status_code=308)
+    return reply(b"", 308, b"text/plain", (b"location", b"../ui"))
 
 
-@router.get("/ui/{name}")
-async def asset(name: str) -> Response:
-    return _asset(name)
+async def asset(call: Call[None, None]) -> Reply:
+    return _asset(call.params["name"])
 
 
-def _asset(name: str) -> Response:
+def _asset(name: str) -> Reply:
     found = _ASSETS.get(name)
     if found is None:
         raise NotFound(f"no console asset named {name!r}")
     content, media_type = found
-    return Response(content, media_type=media_type, headers=_HEADERS)
+    return reply(content, 200, media_type.encode(), *_HEADERS)
+
+
+#: Not in the OpenAPI document (``answers`` empty): the console is no part of the API.
+ENDPOINTS = [
+    Endpoint("GET", "/ui", console, action=None, summary="console", answers={}),
+    Endpoint("GET", "/ui/", console_slash, action=None, summary="console/", answers={}),
+    Endpoint("GET", "/ui/{name}", asset, action=None, summary="console asset", answers={}),
+]

@@ -1,8 +1,9 @@
 """Every JSON shape the HTTP API sends, in one place (docs/api.md describes them).
 
-Routes hand the broker's snapshots to these functions and send the result with
-``json_response``. Stored message bodies and headers are already valid JSON, so they are
-embedded verbatim with ``orjson.Fragment`` instead of being decoded and encoded again.
+Handlers hand the broker's snapshots to these functions and answer with the result encoded
+(``orjson.dumps``, or ``errors.json_reply`` for a status other than 200). Stored message
+bodies and headers are already valid JSON, so they are embedded verbatim instead of being
+decoded and encoded again.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
-import orjson
-from starlette.responses import Response
 
 from cproxy.broker import (
     BlockedKey,
@@ -29,16 +28,6 @@ from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, Topic
 from . import items
 
 _encode = msgspec.json.Encoder().encode
-
-
-def json_response(payload: Any, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
-
-
-def error(status_code: int, code: str, message: str, **details: Any) -> Response:
-    """``{"error": {"code", "message", ...details}}`` (details: e.g. ``unknown`` of a 409
-    ``stale_results``)."""
-    return json_response({"error": {"code": code, "message": message, **details}}, status_code)
 
 
 # -- topics and produce ----------------------------------------------------------------------

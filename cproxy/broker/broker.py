@@ -71,6 +71,8 @@ class Broker(QueueHosting, OperatorActions):
         ``on_produced(topic, count)`` and ``on_pull(group, seconds)`` feed metrics."""
         self.store = store
         self.settings = settings
+        #: Where groups may push (``[push] allowed_urls``); tests may stub its resolver.
+        self.push_targets = settings.push_targets()
         self.groups: dict[str, GroupRunner] = {}
         self._topics = Topics(store)
         self._task_group: TaskGroup | None = None
@@ -149,6 +151,7 @@ class Broker(QueueHosting, OperatorActions):
             self.settings.commit_interval_ms,
             self._ack_latency_for(name) if self._ack_latency_for else None,
             None if self.owned is None else set(self.owned),
+            self.push_targets,
         )
         if self.owned is not None:
             await self.reconcile(runner)  # ownership may have moved while it opened
@@ -292,13 +295,18 @@ class Broker(QueueHosting, OperatorActions):
         runner = self.groups.get(name)
         return None if runner is None else list(runner.config.topics)
 
-    async def put_group(self, name: str, config: GroupConfig) -> tuple[GroupConfig, bool]:
-        """Create or update a group; returns ``(config, created)``.
+    async def put_group(
+        self, name: str, config: GroupConfig, *, privileged: bool = True
+    ) -> tuple[GroupConfig, bool]:
+        """Create or update a group; returns ``(config, created)``. ``privileged``: the
+        caller may push outside ``[push] allowed_urls`` (``cproxy.push_targets``).
 
         Updating a live group restarts it from its committed progress: messages in flight
         are delivered again, and acks for the old deliveries are reported as unknown.
         """
         self._check_open()
+        for push in config.push.values():
+            await self.push_targets.check(push.url, privileged=privileged)
         for topic in config.topics:
             if self.owned is not None:
                 await self.know_topic(topic)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import socket
 import ssl
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -38,12 +39,14 @@ from cproxy.engine.push_config import PushConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Delivery, Outcome
 from cproxy.model import MessageRef
+from cproxy.push_targets import PushTargets
 
 from .clock import now_ms
 from .message_json import delivery_json
 
 if TYPE_CHECKING:  # imported when a lane starts: most servers push nothing (~6 MiB)
     import aiohttp
+    import aiohttp.abc
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +116,11 @@ class _Transport(Exception):
 class PushLane:
     """Pushes the deliveries of one topic of a group to its endpoint."""
 
-    def __init__(self, source: PushSource, topic: str, config: PushConfig) -> None:
+    def __init__(
+        self, source: PushSource, topic: str, config: PushConfig, targets: PushTargets
+    ) -> None:
         self._source = source
+        self._targets = targets
         self.topic = topic
         self.config = config
         self._in_flight = 0
@@ -136,7 +142,8 @@ class PushLane:
 
     async def run(self) -> None:
         """Push until the group stops; requests under way are awaited, not abandoned."""
-        async with _Connections(self.config) as pool, anyio.create_task_group() as tg:
+        pool = _Connections(self.config, self._targets)
+        async with pool, anyio.create_task_group() as tg:
             while not self._source.stopping:
                 await self._fill(pool, tg)
 
@@ -261,10 +268,14 @@ class _Connections:
     per delivery, so this is its whole cost (docs/benchmarks.md, push delivery).
     """
 
-    def __init__(self, config: PushConfig) -> None:
+    def __init__(self, config: PushConfig, targets: PushTargets) -> None:
         import aiohttp
 
         self._url = config.url
+        #: A URL under ``[push] allowed_urls`` is the operator's: connected as it is. Any
+        #: other is checked again at every connection (``_GuardedResolver``: DNS rebinding).
+        self._targets = None if targets.listed(config.url) else targets
+        self._refusal = None if self._targets is None else targets.connect_refusal(config.url)
         timeout_s = config.timeout_ms / 1000
         self._timeout_s = timeout_s
         # A connection not made within 90% of the budget counts as unreachable (uncharged),
@@ -277,7 +288,11 @@ class _Connections:
         import aiohttp
 
         # One TLS context for all connections: building one loads the CA bundle (~40 ms).
-        connector = aiohttp.TCPConnector(limit=self._limit, ssl=ssl.create_default_context())
+        connector = aiohttp.TCPConnector(
+            limit=self._limit,
+            ssl=ssl.create_default_context(),
+            resolver=None if self._targets is None else _guarded_resolver(self._targets),
+        )
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self._timeout, trust_env=False, auto_decompress=False
         )
@@ -293,9 +308,14 @@ class _Connections:
         import aiohttp
 
         assert self._session is not None, "used outside its context"
+        if self._refusal is not None:  # an internal IP literal: never resolved, so refused here
+            raise _Transport(self._refusal)
         try:
             with anyio.fail_after(self._timeout_s):
-                async with self._session.post(self._url, data=body, headers=headers) as answer:
+                # A redirect is not followed: a 3xx is an answer like any non-2xx (a fail).
+                async with self._session.post(
+                    self._url, data=body, headers=headers, allow_redirects=False
+                ) as answer:
                     await answer.read()
                     return answer.status
         except aiohttp.ConnectionTimeoutError as exc:  # no connection made: unreachable
@@ -306,6 +326,36 @@ class _Connections:
             raise _Transport(f"ConnectError: {exc}") from exc
         except aiohttp.ClientError as exc:  # reset, disconnected, protocol error
             raise _Transport(f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+
+
+def _guarded_resolver(targets: PushTargets) -> aiohttp.abc.AbstractResolver:
+    """aiohttp's resolver for an unlisted push URL: every connection resolves the name
+    through ``PushTargets.guarded_addresses``, which refuses internal addresses (an
+    ``OSError``: a transport error, so the lane pauses and nothing is charged)."""
+    import aiohttp.abc
+
+    class GuardedResolver(aiohttp.abc.AbstractResolver):
+        async def resolve(
+            self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+        ) -> list[aiohttp.abc.ResolveResult]:
+            found = await targets.guarded_addresses(host, port, family)
+            numeric = socket.AI_NUMERICHOST | socket.AI_NUMERICSERV
+            return [
+                {
+                    "hostname": host,
+                    "host": address,
+                    "port": port,
+                    "family": fam,
+                    "proto": 0,
+                    "flags": numeric,
+                }
+                for fam, address in found
+            ]
+
+        async def close(self) -> None:
+            pass
+
+    return GuardedResolver()
 
 
 def _runs(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:

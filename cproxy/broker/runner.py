@@ -33,6 +33,7 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, QueueRef
+from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -59,7 +60,14 @@ class PullResult(NamedTuple):
 class GroupRunner(QueueHooks, OperatorCalls):
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
-    def __init__(self, store: Store, engine: GroupEngine, commit_interval_ms: int) -> None:
+    def __init__(
+        self,
+        store: Store,
+        engine: GroupEngine,
+        commit_interval_ms: int,
+        push_targets: PushTargets | None = None,
+    ) -> None:
+        """``push_targets``: where its push lanes may connect (default: no listed prefix)."""
         self._store = store
         self._engine = engine
         self.name = engine.name
@@ -83,7 +91,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         self._closed = anyio.Event()
         self._stopping = False
         #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
-        self._push_lanes = [PushLane(self, t, p) for t, p in engine.config.push.items()]
+        targets = push_targets or PushTargets()
+        self._push_lanes = [PushLane(self, t, p, targets) for t, p in engine.config.push.items()]
 
     @classmethod
     async def open(
@@ -95,6 +104,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         commit_interval_ms: int,
         on_ack_latency_s: Callable[[list[float]], None] | None = None,
         queues: Collection[QueueRef] | None = None,
+        push_targets: PushTargets | None = None,
     ) -> GroupRunner:
         """Load progress (choosing start offsets for new queues) and start the tasks.
 
@@ -119,7 +129,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
             # Persist start offsets now so "latest" means the moment the group was created.
             await store.commit(name, fresh)
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
-        runner = cls(store, engine, commit_interval_ms)
+        runner = cls(store, engine, commit_interval_ms, push_targets)
         runner.cluster = queues is not None
         redriving = await store.load_redriving(name)
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)

@@ -11,10 +11,12 @@ import hashlib
 import hmac
 import logging
 import random
+import socket
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -23,8 +25,9 @@ import pytest
 
 from cproxy.broker.broker import Broker
 from cproxy.engine.group_config import GroupConfig
-from cproxy.errors import ConfigError
+from cproxy.errors import ConfigError, PushTargetRefused
 from cproxy.model import NewMessage
+from cproxy.push_targets import Resolve
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import SETTINGS
 from tests.push_receiver import STALL, Receiver, always_ok
@@ -41,10 +44,21 @@ def receiver() -> Iterator[Receiver]:
 
 
 @asynccontextmanager
-async def pushing(url: str, topic_queues: int = 4, **group: Any) -> AsyncIterator[Broker]:
-    """A started broker with topic ``t`` and group ``g`` pushing ``t`` to ``url``."""
+async def pushing(
+    url: str,
+    topic_queues: int = 4,
+    allowed: tuple[str, ...] | None = None,
+    resolve: Resolve | None = None,
+    **group: Any,
+) -> AsyncIterator[Broker]:
+    """A started broker with topic ``t`` and group ``g`` pushing ``t`` to ``url``;
+    ``allowed``: ``[push] allowed_urls`` (default: ``url``, as the receivers are on
+    loopback); ``resolve``: a stub resolver for the push target check."""
     push = {"url": url, **group.pop("push", {})}
-    broker = Broker(MemoryStore(), SETTINGS)
+    settings = replace(SETTINGS, push_allowed_urls=(url,) if allowed is None else allowed)
+    broker = Broker(MemoryStore(), settings)
+    if resolve is not None:
+        broker.push_targets.resolve = resolve
     async with anyio.create_task_group() as tg:
         await broker.start(tg)
         try:
@@ -321,3 +335,65 @@ async def test_a_push_group_can_still_be_pulled_by_an_operator(receiver: Receive
         assert len(pulled.deliveries) == 1  # the key not held by the pusher
         receiver.decide = always_ok
         receiver.unstall()
+
+
+# -- where push may send (cproxy.push_targets) ------------------------------------------------
+class _Rebinding:
+    """A resolver stub: ``host`` resolves to a public address at the first lookup (the PUT)
+    and to loopback, where the receiver listens, at every later one (the connections)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.lookups = 0
+
+    async def __call__(self, host: str, port: int, family: int) -> list[tuple[int, str]]:
+        assert host == self.host, host
+        self.lookups += 1
+        return [(socket.AF_INET, "93.184.216.34" if self.lookups == 1 else "127.0.0.1")]
+
+
+async def test_a_name_rebound_to_an_internal_address_is_refused_when_connecting(
+    receiver: Receiver,
+) -> None:
+    rebinding = _Rebinding("hooks.rebind.test")
+    url = f"http://hooks.rebind.test:{receiver.port}/push"
+    async with pushing(url, allowed=(), resolve=rebinding) as broker:
+        await produce(broker, 1, ["a"])
+
+        async def refused() -> str | None:
+            view = await broker.describe_group("g")
+            return view.push[0].last_error
+
+        deadline = time.monotonic() + 20
+        while not (error := await refused()):
+            assert time.monotonic() < deadline, "no push attempt"
+            await anyio.sleep(0.02)
+        view = await broker.describe_group("g")
+    assert "127.0.0.1" in error and "internal address" in error, error
+    assert rebinding.lookups >= 2  # resolved at PUT and again to connect
+    assert receiver.requests == []  # nothing reached the loopback receiver
+    assert view.dead_lettered == 0 and view.stats.retrying == 0  # uncharged
+
+
+async def test_a_name_resolving_to_an_internal_address_is_refused_at_put(
+    receiver: Receiver,
+) -> None:
+    async def private(host: str, port: int, family: int) -> list[tuple[int, str]]:
+        return [(socket.AF_INET, "10.1.2.3")]
+
+    async with pushing(receiver.url, resolve=private) as broker:
+        entry = {"push": {"url": "http://hooks.internal.test/p"}}
+        with pytest.raises(PushTargetRefused, match=r"10\.1\.2\.3"):
+            await broker.put_group("h", GroupConfig.from_dict({"topics": {"t": entry}}))
+        assert [g.name for g in broker.list_groups()] == ["g"]
+
+
+async def test_a_redirect_is_a_failed_delivery_and_is_not_followed(receiver: Receiver) -> None:
+    answers = iter([307])
+    receiver.decide = lambda messages, headers: next(answers, 200)
+    async with pushing(receiver.url, max_attempts=3, retry_backoff_ms=[10]) as broker:
+        await produce(broker, 1, ["a"])
+        await drained(broker)
+    statuses = [r.status for r in receiver.requests]
+    assert statuses == [307, 200], statuses  # a followed redirect would repeat attempt 1
+    assert [r.messages[0]["attempt"] for r in receiver.requests] == [1, 2]

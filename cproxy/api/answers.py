@@ -1,23 +1,25 @@
-"""Pydantic models of every response body, for the OpenAPI document only.
+"""The answers of the API as msgspec ``Struct``s: the response types of the OpenAPI document.
 
-Responses are built as bytes by ``wire.py`` (orjson, message bodies embedded verbatim); these
-models describe exactly those shapes so that ``/openapi.json`` is truthful (a test validates
-every response the suite sees against it). Extra properties are allowed: a newer server may
-add fields, and clients must ignore what they do not know.
+``wire.py`` builds each answer as bytes; these types say what those bytes hold, and every
+response the test suite sees is validated against the document made from them
+(tests/openapi_check.py). They sit beside the request types (``bodies.py``): one kind of type,
+one schema generator (``msgspec.json.schema_components``) for the whole document. Unknown
+fields are allowed: a newer server may add fields, and clients must ignore what they do not
+know.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+import msgspec
 
 
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class _Answer(msgspec.Struct, kw_only=True):
+    pass
 
 
-class ErrorDetail(_Out):
+class ErrorDetail(_Answer, kw_only=True):
     code: str
     message: str
     #: With a 409 ``stale_results`` (an ack with ``produce``): the results that were not
@@ -25,54 +27,54 @@ class ErrorDetail(_Out):
     unknown: list[MessageRefOut] | None = None
 
 
-class ErrorBody(_Out):
+class ErrorBody(_Answer, kw_only=True):
     """Every error: 4xx and 503."""
 
     error: ErrorDetail
 
 
-class Topic(_Out):
+class Topic(_Answer, kw_only=True):
     name: str
     queues: int
     retention_ms: int | None = None
     retention_bytes: int | None = None
 
 
-class TopicList(_Out):
+class TopicList(_Answer, kw_only=True):
     topics: list[Topic]
 
 
-class QueueOffsets(_Out):
+class QueueOffsets(_Answer, kw_only=True):
     qid: int
     min_offset: int
     next_offset: int
 
 
-class TopicDetail(Topic):
+class TopicDetail(Topic, kw_only=True):
     queue_stats: list[QueueOffsets]
 
 
-class Deleted(_Out):
+class Deleted(_Answer, kw_only=True):
     deleted: str
 
 
-class AppendOutcome(_Out):
+class AppendOutcome(_Answer, kw_only=True):
     qid: int
     offset: int
     duplicate: bool
 
 
-class ProduceResults(_Out):
+class ProduceResults(_Answer, kw_only=True):
     results: list[AppendOutcome]
 
 
-class MessageRefOut(_Out):
+class MessageRefOut(_Answer, kw_only=True):
     topic: str
     qid: int
     offset: int
 
 
-class Message(_Out):
+class Message(_Answer, kw_only=True):
     topic: str
     qid: int
     offset: int
@@ -85,31 +87,31 @@ class Message(_Out):
     run: int | None = None
 
 
-class ResultsOutcome(_Out):
+class ResultsOutcome(_Answer, kw_only=True):
     applied: int
     unknown: list[MessageRefOut]
 
 
-class ProducedOut(_Out):
+class ProducedOut(_Answer, kw_only=True):
     topic: str
     qid: int
     offset: int
     duplicate: bool
 
 
-class AckOutcome(ResultsOutcome):
+class AckOutcome(ResultsOutcome, kw_only=True):
     """An ack's answer; with ``produce`` in the request also ``produced``: each output
     message's place, in request order (``unknown`` is then empty)."""
 
     produced: list[ProducedOut] | None = None
 
 
-class PullAnswer(_Out):
+class PullAnswer(_Answer, kw_only=True):
     messages: list[Message]
     results: ResultsOutcome
 
 
-class PushSettings(_Out):
+class PushSettings(_Answer, kw_only=True):
     url: str
     max_in_flight: int
     timeout_ms: int
@@ -118,7 +120,7 @@ class PushSettings(_Out):
     secret: str | None = None
 
 
-class TopicEntry(_Out):
+class TopicEntry(_Answer, kw_only=True):
     order_by: str
     push: PushSettings | None = None
     #: JMESPath on {key, headers, body}: messages for which it is not truthy are not delivered.
@@ -127,23 +129,23 @@ class TopicEntry(_Out):
     transform: str | None = None
 
 
-class GroupConfigBody(_Out):
+class GroupConfigBody(_Answer, kw_only=True):
     """A group's settings (``PUT`` body and the effective config answered)."""
 
     topics: dict[str, TopicEntry]
     max_attempts: int = 5
-    retry_backoff_ms: list[int] = [1000, 5000, 30000]
+    retry_backoff_ms: list[int] = msgspec.field(default_factory=lambda: [1000, 5000, 30000])
     ack_timeout_ms: int = 30000
     start: Literal["earliest", "latest"] = "earliest"
     on_exhausted: Literal["dead_letter", "block"] = "dead_letter"
     max_buffered: int = 10000
 
 
-class GroupConfigOut(GroupConfigBody):
+class GroupConfigOut(GroupConfigBody, kw_only=True):
     name: str
 
 
-class QueuePosition(_Out):
+class QueuePosition(_Answer, kw_only=True):
     topic: str
     qid: int
     committed_offset: int
@@ -153,14 +155,14 @@ class QueuePosition(_Out):
     lost_to_retention: int
 
 
-class PushState(_Out):
+class PushState(_Answer, kw_only=True):
     url: str
     in_flight: int
     paused_until_ms: int | None
     last_error: str | None
 
 
-class GroupStatsOut(_Out):
+class GroupStatsOut(_Answer, kw_only=True):
     queues: list[QueuePosition]
     lag_excluding_parked: int
     oldest_unfinished_age_ms: int | None
@@ -180,30 +182,30 @@ class GroupStatsOut(_Out):
     push: dict[str, PushState] | None = None
 
 
-class GroupOut(GroupConfigOut):
+class GroupOut(GroupConfigOut, kw_only=True):
     stats: GroupStatsOut
 
 
-class GroupSummaryOut(_Out):
+class GroupSummaryOut(_Answer, kw_only=True):
     name: str
     topics: list[str]
 
 
-class GroupList(_Out):
+class GroupList(_Answer, kw_only=True):
     groups: list[GroupSummaryOut]
 
 
-class SeekOffset(_Out):
+class SeekOffset(_Answer, kw_only=True):
     qid: int
     offset: int
 
 
-class SeekAnswer(_Out):
+class SeekAnswer(_Answer, kw_only=True):
     topic: str
     offsets: list[SeekOffset]
 
 
-class DeadLetterOut(_Out):
+class DeadLetterOut(_Answer, kw_only=True):
     topic: str
     qid: int
     offset: int
@@ -217,15 +219,15 @@ class DeadLetterOut(_Out):
     dead_lettered_at_ms: int
 
 
-class DeadLetterList(_Out):
+class DeadLetterList(_Answer, kw_only=True):
     dead_letters: list[DeadLetterOut]
 
 
-class Redriven(_Out):
+class Redriven(_Answer, kw_only=True):
     redriven: int
 
 
-class BlockedKeyOut(_Out):
+class BlockedKeyOut(_Answer, kw_only=True):
     topic: str
     order_value: str | None
     qid: int
@@ -239,23 +241,23 @@ class BlockedKeyOut(_Out):
     parked: bool
 
 
-class BlockedKeyList(_Out):
+class BlockedKeyList(_Answer, kw_only=True):
     blocked_keys: list[BlockedKeyOut]
 
 
-class Skipped(_Out):
+class Skipped(_Answer, kw_only=True):
     skipped: MessageRefOut
 
 
-class Released(_Out):
+class Released(_Answer, kw_only=True):
     released: MessageRefOut
 
 
-class Status(_Out):
+class Status(_Answer, kw_only=True):
     status: str
 
 
-class ClusterMember(_Out):
+class ClusterMember(_Answer, kw_only=True):
     node: str
     #: Where clients reach it (``--advertise-url``).
     url: str
@@ -263,7 +265,7 @@ class ClusterMember(_Out):
     heartbeat_ms_ago: int
 
 
-class QueueOwner(_Out):
+class QueueOwner(_Answer, kw_only=True):
     topic: str
     qid: int
     #: The owning proxy; null while the queue is between owners.
@@ -274,7 +276,7 @@ class QueueOwner(_Out):
     epoch: int
 
 
-class ClusterOut(_Out):
+class ClusterOut(_Answer, kw_only=True):
     node: str
     members: list[ClusterMember]
     queues: list[QueueOwner]

@@ -1,6 +1,7 @@
-"""The lean endpoints of produce, pull and ack (cproxy/api/lean.py): bodies stored as sent
-when that cannot change their meaning, the documented reading of everything else, the
-same error answers as the FastAPI routes, and the router's 405 for other methods."""
+"""Produced bodies (cproxy/api/produced.py): stored as sent when that cannot change their
+meaning, the documented reading of everything else; 422s that name the field; the router's
+405 for other methods and 404 for unknown names. (The checks every route shares:
+test_request_contract.py.)"""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from typing import Any
 import orjson
 import pytest
 
-from cproxy.config import Limits
-from cproxy.tokens import Token
 from tests.api.http_helpers import (
     JSON_HEADERS,
     assert_error,
@@ -21,7 +20,6 @@ from tests.api.http_helpers import (
     queue_stats,
     shared_server,
 )
-from tests.conftest import ServerFactory
 from tests.support import RunningServer
 
 PRODUCE = "/v1/topics/t/messages"
@@ -169,24 +167,5 @@ def test_unknown_group_and_topic_are_404(running: RunningServer) -> None:
             404,
             "topic_not_found",
         )
-        # An empty path segment is no topic: the router's 404, not a lean endpoint.
+        # An empty path segment is no topic: the router's 404.
         assert_error(client.post("/v1/topics//messages", json={"messages": [{}]}), 404)
-
-
-def test_limits_and_auth_are_checked_in_the_order_of_the_other_routes(
-    server_factory: ServerFactory,
-) -> None:
-    """A declared body over ``max_request_bytes`` is a 413 before auth (the BodyLimit
-    middleware's order); a missing token is a 401 before the body is read or parsed."""
-    server = server_factory(
-        tokens=(Token("admin-token", "admin"),),
-        limits=Limits(max_request_bytes=100),
-    )
-    big = b'{"messages": [{"body": "' + b"x" * 200 + b'"}]}'
-    with fresh_client(server) as client:
-        for path in ("/v1/topics", PRODUCE, "/v1/groups/g/pull"):
-            response = client.post(path, content=big, headers=JSON_HEADERS)
-            assert_error(response, 413, "too_large")
-            response = client.post(path, content=b"{", headers=JSON_HEADERS)
-            assert_error(response, 401, "unauthorized")
-            assert response.headers["www-authenticate"] == 'Bearer realm="cproxy"'
