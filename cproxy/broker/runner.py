@@ -86,7 +86,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: snapshot must never land after, and undo, what an ack with outputs wrote
         #: (``with_outputs``).
         self.commit_lock = anyio.Lock()
-        self._outputs = OutputCommits(self.name, engine, store, self.commit_lock)
+        self._outputs = OutputCommits(self.name, engine, store, self.commit_lock, self._after_apply)
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
         self._stopping = False
@@ -246,7 +246,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
     async def commit(self) -> None:
         """Persist progress, dead letters and finished redrives now."""
         async with self.commit_lock:
-            await self._commit()
+            # First the acks with outputs whose transaction's outcome is unknown: a progress
+            # write before that is known could undo one that did commit.
+            if await self._outputs.resolve():
+                await self._commit()
 
     async def _commit(self) -> None:
         batch = self._engine.take_commit()
@@ -363,6 +366,11 @@ class GroupRunner(QueueHooks, OperatorCalls):
             self._kick_timer()
             if self._engine.has_ready():
                 self._notify_ready()
+
+    async def resolve_outputs(self) -> bool:
+        """With ``commit_lock`` held: settle acks with outputs whose transaction's outcome
+        was unknown (``with_outputs``); False while one still is."""
+        return await self._outputs.resolve()
 
     async def apply_with(
         self, results: Sequence[Result], outputs: Sequence[Append], dedup_window_ms: int

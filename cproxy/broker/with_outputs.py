@@ -11,7 +11,11 @@ progress write of the group can land between the snapshot and the write (and und
 Then each call's results are applied (``settle_held``).
 
 All or nothing per call: a transaction that fails fails every call in it, and their
-deliveries are in flight again as they were (``unhold``). On PostgreSQL with a fence, a
+deliveries are in flight again as they were (``unhold``). A store error may hide a COMMIT
+that happened (PostgreSQL lost during it): the deliveries then stay held (a repeated call is
+refused) until the stored progress tells which it was (``resolve``: it equals what the
+transaction wrote, or not); until then no progress of the group is written, since it could
+undo that transaction. On PostgreSQL with a fence, a
 queue lost to another proxy fails the transaction (``QueueNotOwned``): the calls with results
 on a lost queue answer ``StaleResults`` (its new owner delivers those messages again), the
 others ``StoreError`` (nothing stored: the caller may retry).
@@ -19,7 +23,8 @@ others ``StoreError`` (nothing stored: the caller may retry).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 
 import anyio
 
@@ -27,10 +32,12 @@ from cproxy.engine.group import GroupEngine
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Outcome
 from cproxy.errors import QueueNotOwned, StaleResults, StoreError
-from cproxy.model import AppendResult, MessageRef, NewMessage
+from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store.base import Store
 
 from .clock import now_ms
+
+logger = logging.getLogger(__name__)
 
 #: One output: a topic and the messages to append to it.
 Append = tuple[str, Sequence[NewMessage]]
@@ -60,13 +67,25 @@ def _refs(results: Sequence[Result]) -> list[MessageRef]:
 class OutputCommits:
     """The acks with outputs of one group (see the module docstring)."""
 
-    def __init__(self, name: str, engine: GroupEngine, store: Store, lock: anyio.Lock) -> None:
+    def __init__(
+        self,
+        name: str,
+        engine: GroupEngine,
+        store: Store,
+        lock: anyio.Lock,
+        on_applied: Callable[[Outcome], None],
+    ) -> None:
+        """``lock``: the runner's commit lock; ``on_applied``: results applied outside a
+        call (``resolve``), for the runner's wake-ups."""
         self._name = name
         self._engine = engine
         self._store = store
         self._lock = lock
+        self._on_applied = on_applied
         self._waiting: list[_Call] = []
         self._leading = False
+        #: Failed transactions whose COMMIT may have happened: (results held, progress).
+        self._unresolved: list[tuple[list[Result], dict[QueueRef, QueueProgress]]] = []
 
     async def commit(
         self, results: Sequence[Result], outputs: Sequence[Append], dedup_window_ms: int
@@ -105,16 +124,24 @@ class OutputCommits:
         outputs = [o for call in batch for o in call.outputs]
         try:
             async with self._lock:
+                if not await self._resolve():
+                    raise StoreError("the outcome of an earlier transaction is not known yet")
                 progress = self._engine.progress_after(results)
                 redrives = self._engine.held_redrives(results)
-                stored = await self._store.commit_with_outputs(
-                    self._name, progress, outputs, now_ms(), dedup_window_ms, redrives
-                )
+                try:
+                    stored = await self._store.commit_with_outputs(
+                        self._name, progress, outputs, now_ms(), dedup_window_ms, redrives
+                    )
+                except StoreError as exc:
+                    # The COMMIT may have happened all the same (PostgreSQL lost during it):
+                    # the deliveries stay held until the stored progress tells.
+                    self._unresolved.append((results, progress))
+                    await self._resolve()
+                    self._fail(batch, exc)
+                    return
         except BaseException as exc:
             self._engine.unhold(results)
-            for call in batch:
-                call.error = self._error_for(call, exc)
-                call.wake.set()
+            self._fail(batch, exc)
             if not isinstance(exc, Exception):
                 raise
             return
@@ -125,6 +152,39 @@ class OutputCommits:
             taken += len(call.outputs)
             call.outcome = self._engine.settle_held(call.results, now, progress)
             call.wake.set()
+
+    def _fail(self, batch: list[_Call], exc: BaseException) -> None:
+        for call in batch:
+            call.error = self._error_for(call, exc)
+            call.wake.set()
+
+    async def resolve(self) -> bool:
+        """Settle, or put back in flight, the deliveries of failed transactions whose outcome
+        was not known; False while one still is not (the store cannot be read). Call with the
+        commit lock held: no progress write of the group may come before (it could undo a
+        transaction that did commit)."""
+        return await self._resolve()
+
+    async def _resolve(self) -> bool:
+        while self._unresolved:
+            results, progress = self._unresolved[0]
+            try:
+                persisted = await self._store.load_progress(self._name)
+            except StoreError:
+                return False
+            del self._unresolved[0]
+            # Only that transaction can have written this progress (the lock is held, and
+            # the progress before it counted these deliveries unfinished).
+            if all(persisted.get(ref) == p for ref, p in progress.items()):
+                logger.warning(
+                    "group=%s a transaction reported failed had committed: %d result(s) applied",
+                    self._name,
+                    len(_refs(results)),
+                )
+                self._on_applied(self._engine.settle_held(results, now_ms(), progress))
+            else:
+                self._engine.unhold(results)
+        return True
 
     @staticmethod
     def _error_for(call: _Call, exc: BaseException) -> BaseException:

@@ -299,8 +299,17 @@ class ClusterNode:
         # between our snapshot and our write would be undone by it (the final progress
         # would say its inputs are unfinished, and the new owner would deliver them again).
         async with AsyncExitStack() as stack:
-            for runner in list(self._broker.groups.values()):
+            runners = list(self._broker.groups.values())
+            for runner in runners:
                 await stack.enter_async_context(runner.commit_lock)
+            for runner in runners:
+                if not await runner.resolve_outputs():
+                    logger.warning(
+                        "node=%s hand-over of topic=%s qid=%d waits: group=%s has a "
+                        "transaction whose outcome is not known yet",
+                        self.node_id, held.topic, held.qid, runner.name,
+                    )  # fmt: skip
+                    return
             await self._hand_over_locked(queue, held, busy)
 
     async def _hand_over_locked(self, queue: TidQid, held: Held, busy: int) -> None:

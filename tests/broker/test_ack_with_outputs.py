@@ -247,3 +247,61 @@ async def test_a_redriven_dead_letter_is_finished_in_the_same_transaction() -> N
         await broker.ack_with_outputs("g", fenced(*again), outputs(1))
         # Deleted with the outputs, not at the next commit: a crash now redrives nothing.
         assert await store.load_redriving("g") == []
+
+
+class AmbiguousStore(MemoryStore):
+    """``commit_with_outputs`` commits, then reports a failure (a connection lost during the
+    COMMIT); ``load_progress`` fails while ``down`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ambiguous = True
+        self.down = False
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> list[list[AppendResult]]:
+        stored = await super().commit_with_outputs(
+            group, progress, outputs, now_ms, dedup_window_ms, redrive_done
+        )
+        if self.ambiguous:
+            raise StoreError("connection lost during COMMIT")
+        return stored
+
+    async def load_progress(self, group: str) -> dict[QueueRef, QueueProgress]:
+        if self.down:
+            raise StoreError("down")
+        return await super().load_progress(group)
+
+
+@pytest.mark.parametrize("down", [False, True], ids=["readable", "down-then-back"])
+async def test_a_commit_reported_failed_that_happened_is_never_repeated(down: bool) -> None:
+    store = AmbiguousStore()
+    async with running(store) as broker:
+        a, b = await prepared(broker)
+        store.down = down
+        with pytest.raises(StoreError):
+            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+        # The repeat is refused: the first may have committed (it did).
+        with pytest.raises(StaleResults):
+            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+        if down:
+            # Meanwhile no other progress is written over it, and other calls wait too.
+            with pytest.raises(StoreError):
+                await broker.ack_with_outputs("g", fenced(b), outputs(2))
+            store.down = False
+            await broker._runner("g").commit()  # the committer finds out first
+        assert len(await store.read("out", 0, 0, 10)) == 1
+        persisted = (await store.load_progress("g"))["t", 0]
+        assert persisted.open == ((1, 2),)  # a is finished, b not
+        assert broker._runner("g").stats().in_flight == 1  # a was applied, not put back
+        store.ambiguous = False
+        outcome, _ = await broker.ack_with_outputs("g", fenced(b), outputs(2))
+        assert outcome.applied == 1
+        assert len(await store.read("out", 0, 0, 10)) == 2
