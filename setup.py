@@ -2,7 +2,10 @@
 why). All other metadata is in ``pyproject.toml``.
 
 Without a working C compiler (or with ``CPROXY_PURE_PYTHON=1``) the install is pure Python:
-the same behaviour, slower. A failed compile prints one warning and the install goes on.
+the same behaviour, slower. Without a compiler or the Python headers no C is generated at all
+(that alone takes a minute); a compile that fails prints one warning and the install goes on.
+The warning goes to the terminal when there is one: pip shows a build's own output only with
+``-v``.
 """
 
 from __future__ import annotations
@@ -10,7 +13,10 @@ from __future__ import annotations
 import json
 import os
 import runpy
+import shlex
+import shutil
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +28,34 @@ NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "cproxy" / "_native.py"))
 
 
 def _warn(message: str) -> None:
-    print(f"cproxy: {message}; installing the pure-Python hot path", file=sys.stderr)
+    line = f"cproxy: {message}; installing the pure-Python hot path (same behaviour, slower)\n"
+    try:  # pip captures the build's output: the terminal, if any, still shows this line
+        with open("/dev/tty", "w") as tty:
+            tty.write(line)
+            return
+    except OSError:
+        pass
+    sys.stderr.write(line)
+
+
+def _cannot_compile() -> str | None:
+    """Why no C extension can be built here (no C compiler, no Python headers), or None."""
+    cc = os.environ.get("CC") or sysconfig.get_config_var("CC")
+    if cc:  # None on Windows, where setuptools finds MSVC itself
+        program = shlex.split(cc)[0]
+        if shutil.which(program) is None:
+            return f"no C compiler ({program!r} not found)"
+    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").is_file():
+        return "no Python headers (Python.h; e.g. the python3-dev package)"
+    return None
 
 
 def _extensions() -> list[Any]:
     if os.environ.get(NATIVE["PURE_ENV"]) == "1":
+        return []
+    missing = _cannot_compile()
+    if missing is not None:
+        _warn(missing)  # before generating C from the sources: that alone takes a minute
         return []
     try:
         from mypyc.build import mypycify

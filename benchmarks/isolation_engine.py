@@ -107,7 +107,7 @@ async def run_engine(
         "completed": healthy >= healthy_total,
         "rounds": rounds if healthy >= healthy_total else last_progress + 1,
         "cpu_us_per_healthy_msg": round(cpu / max(healthy, 1) * 1e6, 2),
-        "buffered_at_end": engine.stats().buffered,
+        "buffered_at_end": engine.stats(now).buffered,
     }
 
 

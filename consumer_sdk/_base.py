@@ -17,7 +17,7 @@ from typing import Any, Final, Generic, Self, TypeVar
 import httpx
 import orjson
 
-from consumer_sdk._tls import Verify, certificate_failure, tls_verify
+from consumer_sdk._tls import Verify, certificate_error, certificate_failure, tls_verify
 from consumer_sdk._wire import (
     HttpAnswer,
     api_error,
@@ -39,7 +39,6 @@ from consumer_sdk._wire import (
 from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import (
     ApiError,
-    CertificateError,
     ClientError,
     ConnectError,
     ProtocolError,
@@ -169,11 +168,7 @@ class BaseClient:
         where = f"{call.method} {self.url}{call.path}"
         failure = certificate_failure(exc)
         if failure is not None:
-            return CertificateError(
-                f"{where}: the server's TLS certificate failed verification "
-                f"({failure.verify_message or failure.reason}); for a private CA pass its "
-                "bundle as verify=/ca_file (CLI: --ca-file or CPROXY_CA_FILE)"
-            )
+            return certificate_error(where, failure)
         if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
             return ConnectError(f"{where}: cannot connect: {exc}")
         if isinstance(exc, httpx.TimeoutException):
@@ -287,10 +282,13 @@ class BaseClient:
         topics: Sequence[str] | None,
         results: Sequence[QueueResult],
         max_per_key: int = 1,
+        consumer: str | None = None,
     ) -> Call[PullResult]:
         body: dict[str, Any] = {"max_messages": max_messages, "wait_ms": wait_ms}
         if max_per_key > 1:
             body["max_per_key"] = max_per_key
+        if consumer is not None:
+            body["consumer"] = consumer
         if topics is not None:
             body["topics"] = list(topics)
         if results:
@@ -350,8 +348,39 @@ class BaseClient:
             params=params,
         )
 
-    def _redrive(self, group: str, topic: str | None) -> Call[int]:
-        body = {"topic": topic} if topic is not None else {}
+    def _browse(
+        self,
+        topic: str,
+        qid: int | None,
+        start: int | None,
+        from_ms: int | None,
+        last: int | None,
+        limit: int | None,
+    ) -> Call[dict[str, Any]]:
+        params = query_params(qid=qid, from_ms=from_ms, last=last, limit=limit)
+        if start is not None:
+            params["from"] = str(start)
+        return Call("GET", f"/v1/topics/{seg(topic)}/messages", mapping, params=params)
+
+    def _delete_dead_letters(
+        self, group: str, topic: str | None, messages: Sequence[MessageRef] | None
+    ) -> Call[int]:
+        body = None if messages is None else {"messages": _refs(messages)}
+        return self._group(
+            "DELETE",
+            group,
+            "/dead-letters",
+            body,
+            lambda d: int(mapping(d).get("deleted", 0)),
+            params=query_params(topic=topic),
+        )
+
+    def _redrive(
+        self, group: str, topic: str | None, messages: Sequence[MessageRef] | None = None
+    ) -> Call[int]:
+        body: dict[str, Any] = {"topic": topic} if topic is not None else {}
+        if messages is not None:
+            body["messages"] = _refs(messages)
         return self._group(
             "POST",
             group,
@@ -412,3 +441,7 @@ class BaseClient:
         except (KeyError, TypeError, AttributeError) as exc:
             raise ProtocolError(f"malformed message in pull answer: {exc!r}") from exc
         return PullResult(messages, parse_ack(obj.get("results")))
+
+
+def _refs(refs: Iterable[MessageRef]) -> list[dict[str, Any]]:
+    return [{"topic": t, "qid": q, "offset": o} for t, q, o in refs]

@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Coroutine, Mapping, Sequence
@@ -76,6 +78,8 @@ class ConsumerCore(Wakeups):
         self.group = group
         self.topics = list(topics) if topics is not None else None
         self.config = config
+        #: Sent with every pull: the group's stats list consumers by it.
+        self.consumer_id = f"{socket.gethostname()}/{os.getpid()}/{config.name or group}"
         self.ledger = Ledger(0)
         self.clients: list[AsyncClient] = []
         self._given = unique_urls(servers)
@@ -412,6 +416,7 @@ class ConsumerCore(Wakeups):
                     results=results,
                     retry=NO_RETRY,
                     max_per_key=cfg.max_per_key,
+                    consumer=self.consumer_id,
                 )
             except ClientError as exc:
                 ledger.restore_results(index, results)

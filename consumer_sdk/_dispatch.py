@@ -16,6 +16,7 @@ from consumer_sdk.models import Message
 
 from ._core import ConsumerCore
 from ._ledger import Delivery
+from ._trace import traced
 from ._util import describe, message_label
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -42,7 +43,7 @@ class ThreadDispatcher:
     """
 
     def __init__(self, handler: SyncHandler, concurrency: int, name: str) -> None:
-        self._handler = handler
+        self._handler = traced(handler)
         self._concurrency = concurrency
         self._name = name
         self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
@@ -105,7 +106,7 @@ class TaskDispatcher:
     """
 
     def __init__(self, handler: AsyncHandler, concurrency: int) -> None:
-        self._handler = handler
+        self._handler = traced(handler)
         self._concurrency = concurrency
         self._backlog: deque[Delivery] = deque()
         self._workers: set[asyncio.Task[None]] = set()

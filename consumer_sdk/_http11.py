@@ -1,5 +1,5 @@
 """A lean keep-alive HTTP/1.1 connection pool: what :class:`~consumer_sdk.AsyncClient` sends
-through when no HTTPX transport is given.
+through when no HTTPX transport is given (and no proxy variable applies).
 
 Why: in the load generator HTTPX and httpcore (request models, URL merging, the connection
 pool's bookkeeping, h11 events, anyio checkpoints) took about half of the client's CPU per
@@ -8,13 +8,21 @@ headers, bodies that are already bytes and answers read whole. So this is an asy
 ``Protocol`` per connection that parses with ``httptools`` (llhttp; ~20x cheaper than h11 on a
 pull answer), Content-Length and chunked answers alike.
 
-Failures raise the HTTPX exception types, with httpcore's messages, that the HTTPX path raises
-for the same failure, so ``BaseClient._translate`` stays the one place errors are translated.
+Why not aiohttp's client (already a dependency, for push): measured with the SDK's producer
+and consumer against one server (``python -m benchmarks.sdk_transport``, interleaved A/B), it
+cost 1.25-1.36x this pool's client CPU per message at 50 messages per produce call (1.17x at
+500): about 0.1 ms more per call, in its request objects, a task per request body and extra
+event-loop passes. The target was 1.2x.
+
+Portable: reuse checks a socket with ``select.select`` (sockets only, as on Windows). Failures
+are the SDK's errors (:mod:`consumer_sdk.errors`), translated here, once, naming the call;
+HTTPX's (the ``transport=`` path) are translated by ``BaseClient._translate``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import select
 import socket
 import ssl
@@ -22,17 +30,25 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, cast
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
 
 import httptools
 import httpx
 
+from consumer_sdk._tls import certificate_error, certificate_failure
+from consumer_sdk.errors import ClientError, ConnectError, RequestTimeout, TransportError
+
 #: An idle connection older than this is closed rather than reused: under uvicorn's 5 s
 #: keep-alive timeout, so a reuse does not race the server closing the connection.
 KEEPALIVE_EXPIRY_S: Final = 4.0
-_NO_RESPONSE: Final = "Server disconnected without sending a response."
+_NO_RESPONSE: Final = "server disconnected without sending a response"
+CLOSED: Final = "Cannot send a request, as the client has been closed."
 #: Methods for which HTTPX sends ``content-length: 0`` when there is no body.
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
+
+
+class _Broken(Exception):
+    """The exchange failed on its connection: closed, reset, or a malformed answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +97,7 @@ class _Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed answer: {exc}"))
+            self._fail(_Broken(f"malformed answer: {exc}"))
 
     def eof_received(self) -> bool:
         self._fail(self._closed_early())
@@ -89,7 +105,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.usable = False
-        self._fail(self._closed_early() if exc is None else httpx.ReadError(str(exc)))
+        self._fail(self._closed_early() if exc is None else _Broken(f"connection lost: {exc}"))
 
     # -- httptools callbacks -----------------------------------------------------------------
     def on_status(self, status: bytes) -> None:
@@ -131,7 +147,7 @@ class _Connection(asyncio.Protocol):
         self.sent = False
         if transport is None or transport.is_closing() or not self.usable:
             self.usable = False
-            raise httpx.RemoteProtocolError(_NO_RESPONSE)
+            raise _Broken(_NO_RESPONSE)
         self._reason, self._headers, self._body = b"", {}, []
         self._headers_done = False
         self.received = 0
@@ -158,23 +174,23 @@ class _Connection(asyncio.Protocol):
         fd = sock.fileno() if sock is not None else -1
         if fd < 0:
             return True
-        poller = select.poll()
-        poller.register(fd, select.POLLIN)
-        return bool(poller.poll(0))
+        # select() rather than poll(): Windows has only select, for sockets.
+        readable, _, _ = select.select([fd], [], [], 0)
+        return bool(readable)
 
     def close(self) -> None:
         self.usable = False
         if self._transport is not None:
             self._transport.abort()
 
-    def _closed_early(self) -> httpx.HTTPError:
+    def _closed_early(self) -> _Broken:
         self.usable = False
         if not self.received:
-            return httpx.RemoteProtocolError(_NO_RESPONSE)
+            return _Broken(_NO_RESPONSE)
         if self._headers_done and not self._framed():
             # No Content-Length, not chunked: the body runs to the end of the connection.
             self.on_message_complete()
-        return httpx.RemoteProtocolError(self._incomplete())
+        return _Broken(self._incomplete())
 
     def _framed(self) -> bool:
         return "content-length" in self._headers or "transfer-encoding" in self._headers
@@ -212,7 +228,12 @@ class Http11Pool:
         self._ssl = httpx.create_ssl_context(verify=verify) if https else None
         self._base_path = parts.path.rstrip("/")
         netloc = parts.netloc.rpartition("@")[2]
+        self._url = url.rstrip("/")
         fixed = {"host": netloc, "user-agent": "consumer-sdk", **headers}
+        if parts.username is not None and "authorization" not in headers:
+            # Credentials in the URL are sent (Basic), as HTTPX does; never in the request line.
+            user = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            fixed["authorization"] = "Basic " + base64.b64encode(user.encode()).decode("ascii")
         self._fixed = "".join(f"{k}: {v}\r\n" for k, v in fixed.items()).encode("latin-1")
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
@@ -240,7 +261,7 @@ class Http11Pool:
         connections that turned readable, and fails the call on that race.
         """
         if self._closed:
-            raise RuntimeError("Cannot send a request, as the client has been closed.")
+            raise RuntimeError(CLOSED)
         target = self._base_path + path
         if params:
             target += "?" + urlencode(params)
@@ -261,18 +282,19 @@ class Http11Pool:
                         conn = self._take_idle()
                         if conn is None:
                             stage = "connect"
-                            conn = await self._connect()
+                            conn = await self._connect(method, path)
                         stage = "read"
                         try:
                             answer = await conn.exchange(data)
-                        except httpx.TransportError:
+                        except _Broken as exc:
                             self._open.discard(conn)
                             if conn.reused and not conn.sent:
                                 continue  # found closed before the request went out
                             if replay and conn.reused and not conn.received:
                                 replay = False  # once
                                 continue
-                            raise
+                            where = f"{method} {self._url}{path}"
+                            raise TransportError(f"{where}: {exc}") from exc
                         except BaseException:
                             self._open.discard(conn)
                             raise
@@ -283,11 +305,12 @@ class Http11Pool:
         except TimeoutError as exc:
             if not deadline.expired():
                 raise  # not our deadline (e.g. an OSError with ETIMEDOUT, already mapped)
-            if stage == "pool":
-                raise httpx.PoolTimeout("") from exc
-            if stage == "connect":
-                raise httpx.ConnectTimeout("") from exc
-            raise httpx.ReadTimeout("") from exc
+            where = f"{method} {self._url}{path}"
+            if stage in ("pool", "connect"):  # nothing was sent: safe to retry
+                raise ConnectError(
+                    f"{where}: cannot connect: no connection within {timeout_s:g} s"
+                ) from exc
+            raise RequestTimeout(f"{where}: no answer in time ({timeout_s:g} s)") from exc
 
     def _take_idle(self) -> _Connection | None:
         now = asyncio.get_running_loop().time()
@@ -308,8 +331,9 @@ class Http11Pool:
         conn.idle_since = asyncio.get_running_loop().time()
         self._idle.append(conn)
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, method: str, path: str) -> _Connection:
         loop = asyncio.get_running_loop()
+        where = f"{method} {self._url}{path}"
         try:
             _, conn = await loop.create_connection(
                 _Connection,
@@ -318,11 +342,8 @@ class Http11Pool:
                 ssl=self._ssl,
                 server_hostname=self._host if self._ssl is not None else None,
             )
-        except (ssl.SSLError, socket.gaierror) as exc:
-            raise httpx.ConnectError(str(exc)) from exc
-        except OSError as exc:
-            # anyio's wording, which the HTTPX path reports for a refused connection.
-            raise httpx.ConnectError("All connection attempts failed") from exc
+        except (ssl.SSLError, socket.gaierror, OSError) as exc:
+            raise _connect_error(where, exc) from exc
         self._open.add(conn)
         return conn
 
@@ -333,6 +354,14 @@ class Http11Pool:
         for conn in self._open:
             conn.close()
         self._open.clear()
+
+
+def _connect_error(where: str, exc: OSError) -> ClientError:
+    failure = certificate_failure(exc)
+    if failure is not None:
+        return certificate_error(where, failure)
+    reason = exc.strerror or str(exc) or type(exc).__name__
+    return ConnectError(f"{where}: cannot connect: {reason}")
 
 
 def proxied(url: str) -> bool:
@@ -349,7 +378,7 @@ def proxied(url: str) -> bool:
 class HttpxSender:
     """:meth:`Http11Pool.request` through HTTPX: with a given transport (the tests'
     in-process ASGI apps, custom networking), or HTTPX's own when a proxy variable applies
-    (``proxied``). HTTPX's timeouts apply per phase there."""
+    (``proxied``). ``timeout_s`` bounds the call as a whole here too."""
 
     def __init__(
         self,
@@ -377,9 +406,14 @@ class HttpxSender:
         timeout_s: float,
         replay: bool,
     ) -> httpx.Response:
-        return await self._http.request(
-            method, path, params=params, content=content, timeout=timeout_s
-        )
+        # HTTPX's timeouts apply per phase; the whole-call bound is the client's contract.
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._http.request(
+                    method, path, params=params, content=content, timeout=timeout_s
+                )
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout(f"no answer within {timeout_s:g} s") from exc
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import ssl
 
+from consumer_sdk.errors import CertificateError
+
 #: How a client checks an https:// server's certificate: ``True`` (the default) against HTTPX's
 #: trusted CAs (the ``certifi`` bundle); a path to a PEM CA bundle, for a private CA; a ready
 #: ``ssl.SSLContext`` (e.g. with a client certificate); ``False`` not at all (tests only).
@@ -41,3 +43,12 @@ def certificate_failure(exc: BaseException) -> ssl.SSLCertVerificationError | No
             return seen
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def certificate_error(where: str, failure: ssl.SSLCertVerificationError) -> CertificateError:
+    """The one message for a server certificate that failed verification, either transport."""
+    return CertificateError(
+        f"{where}: the server's TLS certificate failed verification "
+        f"({failure.verify_message or failure.reason}); for a private CA pass its "
+        "bundle as verify=/ca_file (CLI: --ca-file or CPROXY_CA_FILE)"
+    )

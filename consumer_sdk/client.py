@@ -160,13 +160,15 @@ class Client(Closing, BaseClient):
         results: Sequence[QueueResult] = (),
         retry: RetryPolicy | None = None,
         max_per_key: int = 1,
+        consumer: str | None = None,
     ) -> PullResult:
         """Apply ``results``, then take up to ``max_messages`` messages, waiting up to
         ``wait_ms`` for one. Every message returned is in flight until acked or failed.
 
         ``max_per_key`` > 1 lets the answer carry same-key runs (``Message.run``): handle a
-        run in order; after a fail, send no result for the rest of its run."""
-        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key)
+        run in order; after a fail, send no result for the rest of its run. ``consumer``
+        names the puller in the group's stats (default: its address)."""
+        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key, consumer)
         return self._send(call, retry)
 
     def ack(
@@ -210,9 +212,41 @@ class Client(Closing, BaseClient):
         """The group's dead letters (server default limit: 100), oldest first."""
         return self._send(self._dead_letters(group, topic, limit))
 
-    def redrive(self, group: str, topic: str | None = None) -> int:
-        """Deliver the group's dead letters again (to this group only); returns how many."""
-        return self._send(self._redrive(group, topic))
+    def redrive(
+        self,
+        group: str,
+        topic: str | None = None,
+        messages: Sequence[MessageRef] | None = None,
+    ) -> int:
+        """Deliver the group's dead letters (of ``topic``, or just ``messages``: (topic, qid,
+        offset) refs) again, to this group only, in per-key order; returns how many."""
+        return self._send(self._redrive(group, topic, messages))
+
+    def delete_dead_letters(
+        self,
+        group: str,
+        *,
+        topic: str | None = None,
+        messages: Sequence[MessageRef] | None = None,
+    ) -> int:
+        """Delete the named dead letters (``messages``), or all of ``topic``; returns how
+        many were deleted."""
+        return self._send(self._delete_dead_letters(group, topic, messages))
+
+    def browse(
+        self,
+        topic: str,
+        *,
+        qid: int | None = None,
+        start: int | None = None,
+        from_ms: int | None = None,
+        last: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Read stored messages of one queue without any group (nothing is held or charged):
+        from offset ``start``, from time ``from_ms`` or the newest ``last``; returns
+        ``{"topic", "qid", "messages", "next"}``."""
+        return self._send(self._browse(topic, qid, start, from_ms, last, limit))
 
     def blocked_keys(
         self,
@@ -255,7 +289,9 @@ class Client(Closing, BaseClient):
 class AsyncClient(AsyncClosing, BaseClient):
     """The ``async`` twin of :class:`Client`: same methods, same semantics, awaitable. Without
     ``transport`` it sends through its own lean HTTP/1.1 pool (:mod:`consumer_sdk._http11`:
-    HTTPX's layers cost as much client CPU as the rest of a call); with one, through HTTPX."""
+    HTTPX's layers, and aiohttp's, cost more client CPU per call); with one, or when a proxy
+    variable applies to the URL, through HTTPX. Either way ``timeout_ms`` bounds each call as
+    a whole, and failures are the SDK's errors."""
 
     def __init__(
         self,
@@ -358,8 +394,9 @@ class AsyncClient(AsyncClosing, BaseClient):
         results: Sequence[QueueResult] = (),
         retry: RetryPolicy | None = None,
         max_per_key: int = 1,
+        consumer: str | None = None,
     ) -> PullResult:
-        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key)
+        call = self._pull(group, max_messages, wait_ms, topics, results, max_per_key, consumer)
         return await self._send(call, retry)
 
     async def ack(
@@ -391,8 +428,34 @@ class AsyncClient(AsyncClosing, BaseClient):
     ) -> list[dict[str, Any]]:
         return await self._send(self._dead_letters(group, topic, limit))
 
-    async def redrive(self, group: str, topic: str | None = None) -> int:
-        return await self._send(self._redrive(group, topic))
+    async def redrive(
+        self,
+        group: str,
+        topic: str | None = None,
+        messages: Sequence[MessageRef] | None = None,
+    ) -> int:
+        return await self._send(self._redrive(group, topic, messages))
+
+    async def delete_dead_letters(
+        self,
+        group: str,
+        *,
+        topic: str | None = None,
+        messages: Sequence[MessageRef] | None = None,
+    ) -> int:
+        return await self._send(self._delete_dead_letters(group, topic, messages))
+
+    async def browse(
+        self,
+        topic: str,
+        *,
+        qid: int | None = None,
+        start: int | None = None,
+        from_ms: int | None = None,
+        last: int | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        return await self._send(self._browse(topic, qid, start, from_ms, last, limit))
 
     async def blocked_keys(
         self,

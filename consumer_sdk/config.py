@@ -69,6 +69,7 @@ class ConsumerOptions(TypedDict, total=False):
     flush_timeout_ms: int
     discover_interval_ms: int
     retry: RetryPolicy | None
+    name: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +98,9 @@ class ConsumerConfig:
     #: with ``discover=True``: how often ``GET /v1/cluster`` is asked again for the live proxies
     discover_interval_ms: int = 10_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: How this consumer is named in the group's stats, after its host and process id
+    #: (``host/pid/name``; default: the group's name).
+    name: str | None = None
 
     def __post_init__(self) -> None:
         checks = [

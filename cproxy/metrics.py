@@ -18,6 +18,8 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
     generate_latest,
 )
@@ -29,6 +31,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
+
+from cproxy import __version__, _native
 
 if TYPE_CHECKING:
     from cproxy.broker import Broker
@@ -144,7 +148,11 @@ class _EngineCollector(Collector):
             name: GaugeMetricFamily(f"cproxy_{name}", text, labels=["group"])
             for name, text in (
                 ("waiting_messages", "Messages waiting behind their chain head"),
-                ("blocked_keys", "Order values whose head is not acked"),
+                (
+                    "blocked_keys",
+                    "Stuck order values: head retrying, exhausted or in flight past stuck_after_ms",
+                ),
+                ("in_flight_keys", "Order values whose head is in flight and not stuck"),
                 ("buffered_messages", "Messages held in memory"),
                 ("retrying_messages", "Messages waiting for a retry"),
                 ("delayed_messages", "Delayed messages not due yet"),
@@ -159,12 +167,36 @@ class _EngineCollector(Collector):
                 gauges["lag"].add_metric([name, t.topic], t.lag)
             group_gauges["waiting_messages"].add_metric([name], stats.waiting)
             group_gauges["blocked_keys"].add_metric([name], stats.blocked_keys)
+            group_gauges["in_flight_keys"].add_metric([name], stats.in_flight_keys)
             group_gauges["buffered_messages"].add_metric([name], stats.buffered)
             group_gauges["retrying_messages"].add_metric([name], stats.retrying)
             group_gauges["delayed_messages"].add_metric([name], stats.delayed)
         yield from counters.values()
         yield from gauges.values()
         yield from group_gauges.values()
+        throttled = CounterMetricFamily(
+            "cproxy_throttled_seconds",
+            "Time the group's max_per_second held ready messages back",
+            labels=["group"],
+        )
+        for name, seconds in self._broker.throttled_seconds():
+            throttled.add_metric([name], seconds)
+        yield throttled
+
+
+class _BuildInfo(Collector):
+    """``cproxy_build_info{version, compiled}``: 1, with whether the hot path runs compiled
+    (``cproxy._native``'s one decision; "source" covers both not built and stale)."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            "cproxy_build_info",
+            "The running cproxy: version and compiled hot path",
+            labels=["version", "compiled"],
+        )
+        compiled = "true" if _native.status() == "compiled" else "false"
+        family.add_metric([__version__, compiled], 1)
+        yield family
 
 
 _M = TypeVar("_M", Counter, Histogram)
@@ -185,6 +217,11 @@ class Metrics:
         # The *_created series double the output and no dashboard uses them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=True)
+        # The standard process_* (CPU, memory, open files, start time) and python_info series,
+        # as every Prometheus client exports them; here on the app's own registry.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        self.registry.register(_BuildInfo())
         self.produced = Counter(
             "cproxy_produced_messages",
             "Messages stored by produce calls",

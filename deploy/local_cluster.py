@@ -4,9 +4,14 @@
 
 Runs ``initdb`` (first time) in ``<dir>/pg``, starts PostgreSQL on loopback, starts N
 ``cproxy serve --store postgresql://...`` on ``base-port``, ``base-port + 1``, ... (node ids
-``p0``, ``p1``, ...), prints their URLs, and on Ctrl-C stops the proxies (SIGTERM: their queues
-are handed over) and then PostgreSQL. For trying things out, not for production: see
-docs/scaling.md. As root, PostgreSQL runs as ``nobody`` (it refuses to run as root).
+``p0``, ``p1``, ...), prints their URLs and process ids, and on Ctrl-C (or SIGTERM to this
+script) stops the proxies (SIGTERM: their queues are handed over) and then PostgreSQL.
+
+A proxy that stops on its own (a port taken, a bad flag) or is stopped by you (``kill -TERM
+<pid>``: docs/scaling.md's "Remove") leaves the others running; the script prints why it
+stopped (the end of its log) and keeps going until no proxy is left. For trying things out,
+not for production: see docs/scaling.md. As root, PostgreSQL runs as ``nobody`` (it refuses to
+run as root).
 """
 
 from __future__ import annotations
@@ -35,6 +40,19 @@ def as_user() -> dict[str, Any]:
         return {}
     user = pwd.getpwnam("nobody")
     return {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+
+
+def log_tail(path: Path, lines: int = 3) -> str:
+    """The last lines of a log, indented, to say why a process stopped."""
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return "    (no log)"
+    return "\n".join(f"    {line}" for line in text[-lines:]) or "    (empty log)"
+
+
+def _stop_on_sigterm(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # the same clean stop as Ctrl-C
 
 
 def main() -> None:
@@ -69,6 +87,12 @@ def main() -> None:
     )  # fmt: skip
     dsn = f"postgresql://postgres@127.0.0.1:{args.pg_port}/postgres"
     time.sleep(1.5)  # PostgreSQL from the wheel is ready in well under a second
+    if pg.poll() is not None:
+        raise SystemExit(
+            f"PostgreSQL stopped at start (exit status {pg.returncode}; port {args.pg_port} "
+            f"taken? --pg-port changes it):\n{log_tail(root / 'postgres.log')}"
+        )
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
     proxies: list[subprocess.Popen[bytes]] = []
     try:
         for i in range(args.proxies):
@@ -81,16 +105,28 @@ def main() -> None:
             proxies.append(
                 subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             )
-            sys.stdout.write(f"p{i}: {url}  (log: {root / f'p{i}.log'})\n")
+            sys.stdout.write(f"p{i}: {url}  pid {proxies[-1].pid}  (log: {root / f'p{i}.log'})\n")
         sys.stdout.write(f"PostgreSQL: {dsn}; Ctrl-C stops everything\n")
         sys.stdout.flush()
-        while all(p.poll() is None for p in proxies):
+        running = dict(enumerate(proxies))
+        while running:
             time.sleep(0.5)
+            for i, p in list(running.items()):
+                if p.poll() is not None:
+                    del running[i]
+                    sys.stdout.write(
+                        f"p{i} stopped (exit status {p.returncode}); the end of its log:\n"
+                        f"{log_tail(root / f'p{i}.log')}\n"
+                        f"{len(running)} prox{'y' if len(running) == 1 else 'ies'} still running\n"
+                    )
+                    sys.stdout.flush()
+        sys.stdout.write("no proxy left: stopping PostgreSQL\n")
     except KeyboardInterrupt:
         pass
     finally:
         for p in proxies:
-            p.send_signal(signal.SIGTERM)
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
         for p in proxies:
             p.wait(60)
         pg.send_signal(signal.SIGINT)

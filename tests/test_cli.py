@@ -150,7 +150,7 @@ def cli(server: RunningServer, capsys: pytest.CaptureFixture[str], *args: str) -
     return [json.loads(line) for line in out.splitlines()]
 
 
-def test_tail_count_is_a_real_limit_and_peek_does_not_ack(
+def test_tail_count_is_a_real_limit_and_peek_does_not_touch_the_group(
     server: RunningServer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cli(server, capsys, "topics", "create", "t")
@@ -163,12 +163,45 @@ def test_tail_count_is_a_real_limit_and_peek_does_not_ack(
         assert one["body"] == {"n": 0}
         stats = c.get_group("g")["stats"]
         assert (stats["in_flight"], stats["ready"]) == (0, 4)  # one taken, and acked
-        peeked = cli(server, capsys, "peek", "g", "--count", "2")
-        assert [m["body"] for m in peeked] == [{"n": 1}, {"n": 2}]
-        assert c.get_group("g")["stats"]["in_flight"] == 2  # printed, not acked
+        peeked = cli(server, capsys, "peek", "t", "--last", "2")
+        assert [(m["offset"], m["body"]) for m in peeked] == [(3, {"n": 3}), (4, {"n": 4})]
+        assert [
+            m["offset"] for m in cli(server, capsys, "peek", "t", "--from", "1", "--limit", "2")
+        ] == [1, 2]
+        stats = c.get_group("g")["stats"]
+        assert (stats["in_flight"], stats["ready"]) == (0, 4)  # peek touched nothing
         rest = cli(server, capsys, "tail", "g", "--count", "2", "--no-ack")
-        assert [m["body"] for m in rest] == [{"n": 3}, {"n": 4}]
-        assert c.get_group("g")["stats"]["in_flight"] == 4
+        assert [m["body"] for m in rest] == [{"n": 1}, {"n": 2}]
+        assert c.get_group("g")["stats"]["in_flight"] == 2
+
+
+def test_dead_letters_redrive_one_and_delete_with_confirmation(
+    server: RunningServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cli(server, capsys, "topics", "create", "t")
+    cli(server, capsys, "groups", "create", "g", "--topic", "t", "--max-attempts", "1")
+    with Client(server.url) as c:
+        c.produce("t", [{"key": "a", "body": f"a{i}"} for i in range(3)])
+        for _ in range(3):
+            [m] = c.pull("g", wait_ms=2000).messages
+            c.ack("g", [QueueResult("t", 0, fails=((m.offset, "boom"),))])
+        wait_until(lambda: c.get_group("g")["stats"]["dead_lettered"] == 3, message="3 dead")
+    assert cli(server, capsys, "dead-letters", "redrive", "g", "--message", "t:0:1") == {
+        "redriven": 1
+    }
+    [again] = cli(server, capsys, "tail", "g", "--count", "1")
+    assert (again["offset"], again["body"]) == (1, "a1")
+    with pytest.raises(SystemExit):  # no terminal to ask on, no --yes: nothing deleted
+        main(["dead-letters", "delete", "g", "--message", "t:0:0", "--url", server.url])
+    assert "Not confirmed" in capsys.readouterr().err
+    deleted = cli(server, capsys, "dead-letters", "delete", "g", "--message", "t:0:0", "--yes")
+    assert deleted == {"deleted": 1}
+    left = cli(server, capsys, "dead-letters", "list", "g")["dead_letters"]
+    assert [d["offset"] for d in left] == [2]
+    assert cli(server, capsys, "dead-letters", "delete", "g", "--topic", "t", "--yes") == {
+        "deleted": 1
+    }
+    assert cli(server, capsys, "dead-letters", "list", "g")["dead_letters"] == []
 
 
 def test_groups_create_seek_delete(
@@ -259,6 +292,7 @@ def test_blocked_keys_skip_release_and_dead_letters(
         (["blocked", "skip", "g", "--topic", "t"], "--order-value, or --qid and --offset"),
         (["produce", "t", "{not json"], "body is not valid JSON"),
         (["tail", "g", "--count", "0"], "must be >= 1"),
+        (["peek", "t", "--from", "1", "--last", "2"], "not allowed with argument"),
         (["groups", "create", "g", "--topic", "t", "--push-secret", "x"], "need(s) --push-url"),
     ],
 )

@@ -128,3 +128,23 @@ def test_the_answer_structs_keep_their_options() -> None:
     assert Delivered.__struct_config__.omit_defaults
     assert not Delivered.__struct_config__.gc
     assert not wire._Stored.__struct_config__.gc
+
+
+def test_without_a_compiler_the_install_says_so_and_generates_no_c(tmp_path: Path) -> None:
+    """``setup.py`` run as an install runs it, with a compiler that does not exist: one
+    line says why the hot path stays pure Python, said before mypyc would generate any C."""
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != _native.PURE_ENV}
+    env["CC"] = str(tmp_path / "no-such-cc")
+    done = subprocess.run(
+        [sys.executable, str(root / "setup.py"), "--name"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        start_new_session=True,  # no controlling terminal: the line goes to stderr
+    )
+    # (The exit status is setuptools' business: an old one refuses pyproject's license field.)
+    assert "cproxy: no C compiler" in done.stderr and "pure-Python hot path" in done.stderr

@@ -129,6 +129,26 @@ class TopicEntry(_Answer, kw_only=True):
     transform: str | None = None
 
 
+class BrowsedMessage(_Answer, kw_only=True):
+    topic: str
+    qid: int
+    offset: int
+    key: str | None
+    body: Any
+    headers: dict[str, str] | None
+    id: str | None
+    produced_at_ms: int
+    deliver_at_ms: int | None
+
+
+class BrowseAnswer(_Answer, kw_only=True):
+    topic: str
+    qid: int
+    messages: list[BrowsedMessage]
+    #: The offset to continue from (``from=next``).
+    next: int
+
+
 class GroupConfigBody(_Answer, kw_only=True):
     """A group's settings (``PUT`` body and the effective config answered)."""
 
@@ -139,6 +159,12 @@ class GroupConfigBody(_Answer, kw_only=True):
     start: Literal["earliest", "latest"] = "earliest"
     on_exhausted: Literal["dead_letter", "block"] = "dead_letter"
     max_buffered: int = 10000
+    #: A head in flight this long counts as a blocked (stuck) key.
+    stuck_after_ms: int = 60000
+    #: Dead letters older than this are deleted; null keeps them.
+    dead_letter_retention_ms: int | None = None
+    #: Deliveries per second of the group (pull and push together); null: unlimited.
+    max_per_second: int | None = None
 
 
 class GroupConfigOut(GroupConfigBody, kw_only=True):
@@ -162,6 +188,13 @@ class PushState(_Answer, kw_only=True):
     last_error: str | None
 
 
+class ConsumerOut(_Answer, kw_only=True):
+    #: The id the consumer sent with its pulls, or its address.
+    consumer: str
+    last_pull_ms_ago: int
+    in_flight: int
+
+
 class GroupStatsOut(_Answer, kw_only=True):
     queues: list[QueuePosition]
     lag_excluding_parked: int
@@ -180,6 +213,15 @@ class GroupStatsOut(_Answer, kw_only=True):
     delayed: int = 0
     dead_lettered: int
     push: dict[str, PushState] | None = None
+    #: Order values whose head is in flight and not stuck yet.
+    in_flight_keys: int = 0
+    consumers: list[ConsumerOut] = []
+    #: Since anyone last pulled from this proxy (ms); null: nobody since it started.
+    last_pull_ms_ago: int | None = None
+    delivered_per_s: float = 0.0
+    acked_per_s: float = 0.0
+    #: Time max_per_second held ready messages back, summed (ms).
+    throttled_ms: int = 0
 
 
 class GroupOut(GroupConfigOut, kw_only=True):
@@ -227,6 +269,10 @@ class Redriven(_Answer, kw_only=True):
     redriven: int
 
 
+class DeadLettersDeleted(_Answer, kw_only=True):
+    deleted: int
+
+
 class BlockedKeyOut(_Answer, kw_only=True):
     topic: str
     order_value: str | None
@@ -239,6 +285,8 @@ class BlockedKeyOut(_Answer, kw_only=True):
     blocked_since_ms: int
     waiting: int
     parked: bool
+    #: The head's body.
+    body: Any = None
 
 
 class BlockedKeyList(_Answer, kw_only=True):

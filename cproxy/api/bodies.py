@@ -91,6 +91,8 @@ class Pull(_Strict):
     results: list[QueueResults] = []
     #: Up to this many consecutive messages of one order value per answer (a same-key run).
     max_per_key: Annotated[int, msgspec.Meta(ge=1)] = 1
+    #: Who pulls (the SDK sends host, pid and a name); group stats list consumers by it.
+    consumer: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
 class OutTopic(_Strict):
@@ -166,14 +168,42 @@ class BlockedKeyAction(_Strict):
     offset: NonNegative | None = None
 
 
+class DeadLetterRef(_Strict):
+    topic: str
+    qid: NonNegative
+    offset: NonNegative
+
+
 class Redrive(_Strict):
+    """All dead letters (of ``topic``), or just the named ``messages``."""
+
     topic: str | None = None
+    messages: list[DeadLetterRef] | None = None
+
+
+class DeleteDeadLetters(_Strict):
+    messages: Annotated[list[DeadLetterRef], msgspec.Meta(min_length=1)]
 
 
 # -- query strings (unknown parameters are ignored, as HTTP clients expect) ---------------------
 class DeadLetterQuery(msgspec.Struct):
     topic: str | None = None
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+
+
+class TopicQuery(msgspec.Struct):
+    topic: str | None = None
+
+
+class BrowseQuery(msgspec.Struct):
+    """Where to start reading: ``from`` (an offset), ``from_ms`` (a time) or ``last`` (the
+    newest N); by default the oldest stored message."""
+
+    qid: Annotated[int, msgspec.Meta(ge=0, le=1023)] | None = None
+    from_offset: NonNegative | None = msgspec.field(default=None, name="from")
+    from_ms: NonNegative | None = None
+    last: Annotated[int, msgspec.Meta(ge=1, le=1000)] | None = None
+    limit: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 50
 
 
 class BlockedKeysQuery(msgspec.Struct):

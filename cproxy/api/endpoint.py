@@ -57,7 +57,7 @@ _READ_AS_JSON = (b"", b"application/x-www-form-urlencoded")
 class Call(Generic[B, Q]):
     """One request past the prologue: what a handler gets."""
 
-    __slots__ = ("body", "params", "query", "raw", "state", "token", "watch_gone")
+    __slots__ = ("body", "params", "peer", "query", "raw", "state", "token", "watch_gone")
 
     def __init__(
         self,
@@ -68,6 +68,7 @@ class Call(Generic[B, Q]):
         raw: bytes,
         query: Q,
         watch_gone: WatchGone,
+        peer: str | None = None,
     ) -> None:
         #: The app's state: ``settings``, ``broker``, ``authorizer``, ``metrics``, ``cluster``.
         self.state = state
@@ -79,6 +80,8 @@ class Call(Generic[B, Q]):
         self.query = query
         #: Tells a long poll that its client has gone (``Exchange.watch_gone``).
         self.watch_gone = watch_gone
+        #: The client's address (group stats name a consumer by it when it sends no id).
+        self.peer = peer
 
     @property
     def broker(self) -> Broker:
@@ -115,6 +118,10 @@ class Exchange(Protocol):
 
     @property
     def query_string(self) -> bytes: ...
+
+    @property
+    def peer(self) -> str | None:
+        """The client's host, when known."""
 
     async def read_body(self, max_bytes: int) -> bytes:
         """The whole body; ``TooLarge`` past ``max_bytes``, ``Disconnected`` if the client
@@ -234,7 +241,8 @@ class Endpoint:
             query = _query(self.query, exchange.query_string)
         if self.action is not None:
             check_path(authorizer, state.broker, token, self.action, params)
-        return await self.handler(Call(state, params, token, body, raw, query, exchange.watch_gone))
+        call = Call(state, params, token, body, raw, query, exchange.watch_gone, exchange.peer)
+        return await self.handler(call)
 
 
 def _query(kind: type[msgspec.Struct], query_string: bytes) -> Any:
@@ -268,6 +276,11 @@ class _Asgi:
     def query_string(self) -> bytes:
         query: bytes = self._scope.get("query_string", b"")
         return query
+
+    @property
+    def peer(self) -> str | None:
+        client = self._scope.get("client")
+        return str(client[0]) if client else None
 
     async def read_body(self, max_bytes: int) -> bytes:
         chunks: list[bytes] = []

@@ -24,12 +24,14 @@ from .bodies import (
     BlockedKeyAction,
     BlockedKeysQuery,
     DeadLetterQuery,
+    DeleteDeadLetters,
     Extend,
     GroupSettings,
     OutTopic,
     Pull,
     Redrive,
     Seek,
+    TopicQuery,
 )
 from .endpoint import Call, Endpoint
 from .produced import check_count, new_messages
@@ -47,6 +49,7 @@ async def pull(call: Call[Pull, None]) -> bytes:
         items.results(body.results),
         body.max_per_key,
         gone=call.watch_gone,
+        consumer=body.consumer or call.peer,
     )
     return wire.pull_answer(answer, runs=body.max_per_key > 1)
 
@@ -127,10 +130,22 @@ async def dead_letters(call: Call[None, DeadLetterQuery]) -> bytes:
 
 async def redrive(call: Call[Redrive | None, None]) -> bytes:
     topic = call.body.topic if call.body is not None else None
-    call.check_topics([topic])
+    named = call.body.messages if call.body is not None else None
+    call.check_topics([topic, *(m.topic for m in named or ())])
     within = call.authorizer.topic_scope(call.token)
-    count = await call.broker.redrive(call.params["group"], topic, within)
+    refs = None if named is None else [(m.topic, m.qid, m.offset) for m in named]
+    count = await call.broker.redrive(call.params["group"], topic, within, refs)
     return orjson.dumps({"redriven": count})
+
+
+async def delete_dead_letters(call: Call[DeleteDeadLetters | None, TopicQuery]) -> bytes:
+    topic = call.query.topic
+    named = call.body.messages if call.body is not None else []
+    call.check_topics([topic, *(m.topic for m in named)])
+    within = call.authorizer.topic_scope(call.token)
+    refs = None if call.body is None else [(m.topic, m.qid, m.offset) for m in named]
+    count = await call.broker.delete_dead_letters(call.params["group"], topic, refs, within)
+    return orjson.dumps({"deleted": count})
 
 
 async def blocked_keys(call: Call[None, BlockedKeysQuery]) -> bytes:
@@ -193,8 +208,13 @@ ENDPOINTS = [
     Endpoint("POST", f"{G}/dead-letters/redrive", redrive, action="use_group", body=Redrive,
              optional_body=True, summary="Deliver dead letters again",
              answers={200: a.Redriven}, errors=(404,)),
+    Endpoint("DELETE", f"{G}/dead-letters", delete_dead_letters, action="use_group",
+             body=DeleteDeadLetters, optional_body=True, query=TopicQuery,
+             summary="Delete the named dead letters, or a topic's",
+             answers={200: a.DeadLettersDeleted}, errors=(404,)),
     Endpoint("GET", f"{G}/blocked-keys", blocked_keys, action="use_group",
-             query=BlockedKeysQuery, summary="Order values whose head is not acked yet",
+             query=BlockedKeysQuery,
+             summary="Stuck order values (failed, exhausted, in flight past stuck_after_ms)",
              answers={200: a.BlockedKeyList}, errors=(404,)),
     Endpoint("POST", f"{G}/blocked-keys/skip", skip, action="use_group", body=BlockedKeyAction,
              summary="Dead-letter a blocked head", answers={200: a.Skipped}, errors=(404, 409)),

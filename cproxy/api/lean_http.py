@@ -192,6 +192,7 @@ if HttpToolsProtocol is not None:
             self._state = protocol.lean_state
             self._observe = protocol.observe
             self._on_gone: Callable[[], None] | None = None
+            self.peer = protocol.client[0] if protocol.client else None
 
         # -- Exchange ------------------------------------------------------------------------
         async def read_body(self, max_bytes: int) -> bytes:

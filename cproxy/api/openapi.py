@@ -116,7 +116,16 @@ def build(app: FastAPI, endpoints: list[Endpoint]) -> dict[str, Any]:
         operation = _operation(endpoint, schema, components)
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = operation
     spec["paths"] = paths
-    spec["components"] = {"schemas": components}
+    # Every /v1 call takes a bearer token when tokens are configured: /docs shows an
+    # Authorize button for it (``/healthz``, ``/readyz`` and ``/metrics`` need none).
+    spec["components"] = {
+        "schemas": components,
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+    }
+    for path, operations in paths.items():
+        if path.startswith("/v1/"):
+            for operation in operations.values():
+                operation["security"] = [{"bearer": []}]
     app.openapi_schema = spec
     return spec
 

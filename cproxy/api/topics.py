@@ -9,7 +9,7 @@ from cproxy.config import check_name
 
 from . import answers as a
 from . import wire
-from .bodies import CreateTopic, Produce, UpdateTopic
+from .bodies import BrowseQuery, CreateTopic, Produce, UpdateTopic
 from .endpoint import Call, Endpoint
 from .errors import Reply, json_reply
 from .produced import check_count, new_messages
@@ -65,6 +65,14 @@ async def get_topic(call: Call[None, None]) -> bytes:
     return orjson.dumps(wire.topic_detail(info, await call.broker.queue_stats(topic)))
 
 
+async def browse(call: Call[None, BrowseQuery]) -> bytes:
+    q = call.query
+    found = await call.broker.browse(
+        call.params["topic"], q.qid, q.from_offset, q.from_ms, q.last, q.limit
+    )
+    return orjson.dumps(wire.browsed(call.params["topic"], *found))
+
+
 T = "/v1/topics/{topic}"
 ENDPOINTS = [
     Endpoint("POST", f"{T}/messages", produce, action="produce", body=Produce,
@@ -73,6 +81,9 @@ ENDPOINTS = [
     Endpoint("POST", "/v1/topics", create_topic, action="create_topic", body=CreateTopic,
              summary="Create a topic (idempotent)", answers={201: a.Topic, 200: a.Topic},
              errors=(409,)),
+    Endpoint("GET", f"{T}/messages", browse, action="read_topics", query=BrowseQuery,
+             summary="Read stored messages without any group (no attempt, no hold)",
+             answers={200: a.BrowseAnswer}, errors=(404,)),
     Endpoint("GET", "/v1/topics", list_topics, action="read_topics",
              summary="List topics (those in the token's scope)", answers={200: a.TopicList}),
     Endpoint("GET", T, get_topic, action="read_topics", summary="Describe a topic",

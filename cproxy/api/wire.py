@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import msgspec
+import orjson
 
 from cproxy.broker import (
     BlockedKey,
@@ -23,7 +24,7 @@ from cproxy.broker import (
     PushStats,
     message_json,
 )
-from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, TopicInfo
+from cproxy.model import AppendResult, DeadLetter, Message, MessageRef, QueueStats, TopicInfo
 
 from . import items
 
@@ -52,6 +53,18 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
             {"qid": s.qid, "min_offset": s.min_offset, "next_offset": s.next_offset} for s in stats
         ],
     }
+
+
+def browsed(topic_name: str, qid: int, rows: Sequence[Message], next_offset: int) -> dict[str, Any]:
+    """Stored messages read without a group, and the offset to continue from."""
+    out = []
+    for m in rows:
+        item = message_json(m)
+        item["id"] = m.id
+        item["produced_at_ms"] = m.produced_at_ms
+        item["deliver_at_ms"] = m.deliver_at_ms
+        out.append(item)
+    return {"topic": topic_name, "qid": qid, "messages": out, "next": next_offset}
 
 
 class _Stored(msgspec.Struct, gc=False):
@@ -169,6 +182,7 @@ def _stats(stats: GroupStats, dead_lettered: int, oldest_age_ms: int | None) -> 
         "exhausted": stats.exhausted,
         "buffered": stats.buffered,
         "blocked_keys": stats.blocked_keys,
+        "in_flight_keys": stats.in_flight_keys,
         "parked_keys": stats.parked_keys,
         "delayed": stats.delayed,
         "dead_lettered": dead_lettered,
@@ -181,6 +195,18 @@ def group_view(view: GroupView) -> dict[str, Any]:
         "stats": {
             **_stats(view.stats, view.dead_lettered, view.oldest_unfinished_age_ms),
             "push": push_stats(view.push),
+            "consumers": [
+                {
+                    "consumer": c.consumer,
+                    "last_pull_ms_ago": c.last_pull_ms_ago,
+                    "in_flight": c.in_flight,
+                }
+                for c in view.consumers
+            ],
+            "last_pull_ms_ago": view.last_pull_ms_ago,
+            "delivered_per_s": round(view.delivered_per_s, 3),
+            "acked_per_s": round(view.acked_per_s, 3),
+            "throttled_ms": view.throttled_ms,
         },
     }
 
@@ -215,6 +241,7 @@ def blocked_keys(rows: Iterable[BlockedKey]) -> dict[str, Any]:
                 "blocked_since_ms": b.blocked_since_ms,
                 "waiting": b.waiting,
                 "parked": b.parked,
+                "body": orjson.Fragment(b.body_json),
             }
             for b in rows
         ]

@@ -198,7 +198,8 @@ class Broker(QueueHosting, OperatorActions):
 
         Each group that reads a trimmed queue is told its new ``min_offset``
         (``GroupRunner.note_retention``), so a group that had not read that far skips ahead
-        and counts what it lost.
+        and counts what it lost. Dead letters past their group's
+        ``dead_letter_retention_ms`` are deleted in the same pass.
         """
         lost = 0
         for topic, moved in await self._topics.apply_retention(now_ms()):
@@ -206,6 +207,7 @@ class Broker(QueueHosting, OperatorActions):
                 if runner.reads(topic):
                     for qid, min_offset in moved.items():
                         lost += runner.note_retention(topic, qid, min_offset)
+        await self.expire_dead_letters()
         return lost
 
     def list_topics(self) -> list[TopicInfo]:
@@ -340,12 +342,32 @@ class Broker(QueueHosting, OperatorActions):
         stats = runner.stats()
         dead = runner.dead_letter_count + stats.pending_dead_letters
         oldest = await runner.oldest_unfinished_at_ms(stats)
-        age = None if oldest is None else max(0, now_ms() - oldest)
-        return GroupView(name, runner.config, stats, dead, age, tuple(runner.push_stats()))
+        now = now_ms()
+        age = None if oldest is None else max(0, now - oldest)
+        activity = runner.activity
+        last = activity.last_pull_ms
+        delivered_per_s, acked_per_s = activity.rates(now)
+        return GroupView(
+            name,
+            runner.config,
+            stats,
+            dead,
+            age,
+            tuple(runner.push_stats()),
+            consumers=tuple(runner.consumers()),
+            last_pull_ms_ago=None if last is None else max(0, now - last),
+            delivered_per_s=delivered_per_s,
+            acked_per_s=acked_per_s,
+            throttled_ms=int(runner.throttled_seconds() * 1000),
+        )
 
     def group_stats(self) -> list[tuple[str, GroupStats]]:
         """A snapshot of every live group (for metrics)."""
         return [(name, runner.stats()) for name, runner in list(self.groups.items())]
+
+    def throttled_seconds(self) -> list[tuple[str, float]]:
+        """Per live group, the time ``max_per_second`` held ready messages back (metrics)."""
+        return [(name, runner.throttled_seconds()) for name, runner in list(self.groups.items())]
 
     # -- consuming -----------------------------------------------------------------------------
     async def pull(
@@ -357,12 +379,14 @@ class Broker(QueueHosting, OperatorActions):
         results: Sequence[Result],
         max_per_key: int = 1,
         gone: WatchGone | None = None,
+        consumer: str | None = None,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
 
         ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone`` tells
         when the caller's client disconnected (``waiters.WatchGone``): a waiting pull then
-        leaves at once (``GroupRunner.pull``).
+        leaves at once (``GroupRunner.pull``). ``consumer`` (the consumer's id, else its
+        address) is listed in the group's stats.
         """
         limits = self.settings.limits
         if max_messages > limits.max_pull_messages:
@@ -382,7 +406,9 @@ class Broker(QueueHosting, OperatorActions):
             if unknown:
                 raise InvalidRequest(f"group {name!r} does not read topic(s) {unknown}")
         started = time.perf_counter()
-        result = await runner.pull(max_messages, wait_ms, topics, results, max_per_key, gone)
+        result = await runner.pull(
+            max_messages, wait_ms, topics, results, max_per_key, gone, consumer
+        )
         if self._on_pull is not None:
             self._on_pull(name, time.perf_counter() - started)
         return result

@@ -21,6 +21,11 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def monotonic_s() -> float:
+    """For intervals (rate limits): never jumps with the wall clock."""
+    return time.monotonic()
+
+
 async def every(
     interval_ms: int,
     job: Callable[[], Awaitable[object]],

@@ -1,4 +1,5 @@
-"""Operator actions on a group: seek, dead letters, redrive, blocked keys, skip, release.
+"""Operator actions: seek, dead letters (list, redrive, delete, expire), blocked keys, skip,
+release, and the message browser (reading stored messages without any group).
 
 ``Broker`` methods (mixed in from here, as ``hosting.QueueHosting`` is) that the admin API and
 the console call; each looks the group up by name and hands the action to its runner.
@@ -6,11 +7,11 @@ the console call; each looks the group up by name and hands the action to its ru
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from cproxy.engine.snapshots import BlockedKey
 from cproxy.errors import InvalidRequest
-from cproxy.model import DeadLetter, MessageRef, TopicInfo
+from cproxy.model import DeadLetter, Message, MessageRef, TopicInfo
 
 from .clock import now_ms
 from .runner import GroupRunner
@@ -24,6 +25,8 @@ class OperatorActions:
     _topics: Topics
     announce_redrive: Callable[[str, str | None], Awaitable[None]] | None
     _runner: Callable[[str], GroupRunner]
+    _check_open: Callable[[], None]
+    groups: dict[str, GroupRunner]
     topic: Callable[[str], TopicInfo]
 
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
@@ -51,15 +54,25 @@ class OperatorActions:
         return await self._runner(name).dead_letters(topic, limit, within)
 
     async def redrive(
-        self, name: str, topic: str | None, within: Collection[str] | None = None
+        self,
+        name: str,
+        topic: str | None,
+        within: Collection[str] | None = None,
+        refs: Sequence[MessageRef] | None = None,
     ) -> int:
         """Deliver the group's dead letters (of ``topic``, or all) again; returns how many.
 
         ``within`` (a token's topic scope; None: any) leaves dead letters of other topics
         untouched. Cluster mode: this proxy redrives those of the queues it owns (the count)
-        and tells its peers, which redrive theirs at once.
+        and tells its peers, which redrive theirs at once. ``refs`` redrives just those
+        dead letters (cluster mode: those of queues this proxy owns), in their per-key order.
         """
         runner = self._runner(name)
+        if refs is not None:
+            outside = sorted({r[0] for r in refs if within is not None and r[0] not in within})
+            if outside:
+                raise InvalidRequest(f"dead letters of topic(s) {outside} are outside the scope")
+            return await runner.redrive(topic, refs)
         topics = topics_in_scope(topic, within)
         if topic is None and within is not None:
             # Only dead letters of topics the group reads are delivered again; others stay put.
@@ -70,6 +83,53 @@ class OperatorActions:
             if self.announce_redrive is not None:
                 await self.announce_redrive(name, t)
         return count
+
+    async def delete_dead_letters(
+        self,
+        name: str,
+        topic: str | None,
+        refs: Sequence[MessageRef] | None,
+        within: Collection[str] | None = None,
+    ) -> int:
+        """Delete the named dead letters (``refs``) or all of ``topic``; returns how many.
+
+        One of the two is required (deleting every dead letter of a group is a purge per
+        topic). ``within`` (a token's topic scope; None: any) leaves other topics untouched.
+        """
+        if (refs is None) == (topic is None):
+            raise InvalidRequest("name the dead letters ('messages') or a 'topic', not both")
+        runner = self._runner(name)
+        if refs is not None:
+            refs = [r for r in refs if within is None or r[0] in within]
+            return await runner.delete_dead_letters(None, refs)
+        if within is not None and topic not in within:
+            return 0
+        return await runner.delete_dead_letters(topic, None)
+
+    async def expire_dead_letters(self) -> int:
+        """The retention pass over dead letters: each group with ``dead_letter_retention_ms``
+        loses those older than that; returns how many were deleted."""
+        deleted = 0
+        now = now_ms()
+        for runner in list(self.groups.values()):
+            keep_ms = runner.config.dead_letter_retention_ms
+            if keep_ms is not None:
+                deleted += await runner.delete_dead_letters(None, None, now - keep_ms)
+        return deleted
+
+    async def browse(
+        self,
+        topic: str,
+        qid: int | None,
+        from_offset: int | None = None,
+        from_ms: int | None = None,
+        last: int | None = None,
+        limit: int = 50,
+    ) -> tuple[int, list[Message], int]:
+        """Stored messages of one queue without any group, attempt or hold: ``(qid,
+        messages, next offset)`` (``Topics.browse``)."""
+        self._check_open()
+        return await self._topics.browse(topic, qid, from_offset, from_ms, last, limit)
 
     def blocked_keys(
         self, name: str, topic: str | None, min_blocked_ms: int, limit: int

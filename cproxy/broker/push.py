@@ -63,6 +63,24 @@ def signature(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+#: W3C Trace Context: message headers a push request carries as HTTP headers too, so an
+#: instrumented endpoint continues the producer's trace (DESIGN §6).
+TRACE_HEADERS = ("traceparent", "tracestate")
+
+
+def trace_headers(headers_json: bytes | None) -> dict[str, str]:
+    """The trace context among a message's headers (as stored: JSON bytes); parsed only
+    when it is there."""
+    if headers_json is None or b"traceparent" not in headers_json:
+        return {}
+    headers = orjson.loads(headers_json)
+    return {
+        name: value
+        for name in TRACE_HEADERS
+        if isinstance(headers, dict) and isinstance(value := headers.get(name), str)
+    }
+
+
 class Pulled(Protocol):
     """What a pull hands back (``PullResult``)."""
 
@@ -188,6 +206,8 @@ class PushLane:
         runs = self.config.max_per_key > 1
         body = orjson.dumps({"messages": [delivery_json(d, runs) for d in run]})
         headers = dict(self._headers)
+        for name, value in trace_headers(run[0].message.headers_json).items():
+            headers.setdefault(name, value)
         if self.config.secret is not None:
             headers[SIGNATURE_HEADER] = signature(self.config.secret, body)
         try:

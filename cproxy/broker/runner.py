@@ -36,9 +36,11 @@ from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, Queue
 from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
-from .clock import now_ms
+from .activity import Activity, ConsumerSeen
+from .clock import monotonic_s, now_ms
 from .drive import fetch_round
 from .push import PushLane, PushStats
+from .rate import Rate
 from .runner_ops import OperatorCalls
 from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
@@ -93,6 +95,14 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
         targets = push_targets or PushTargets()
         self._push_lanes = [PushLane(self, t, p, targets) for t, p in engine.config.push.items()]
+        #: Who pulls, and the delivery and ack rates (sampled by the timer task).
+        self.activity = Activity()
+        #: ``max_per_second`` (cproxy.broker.rate); None: unlimited, no cost per pull.
+        per_second = engine.config.max_per_second
+        self._rate = None if per_second is None else Rate(per_second)
+        #: Every queue of the group's topics, owned here or not (the cluster share).
+        self._total_queues = 0
+        self._rate_timer: asyncio.TimerHandle | None = None
 
     @classmethod
     async def open(
@@ -114,8 +124,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         progress: dict[QueueRef, QueueProgress] = {}
         ends: dict[QueueRef, int] = {}
         fresh: dict[QueueRef, QueueProgress] = {}
+        total_queues = 0
         for topic in config.topics:
             for stats in await store.queue_stats(topic):
+                total_queues += 1
                 ref = (topic, stats.qid)
                 if queues is not None and ref not in queues:
                     continue
@@ -131,6 +143,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
         runner = cls(store, engine, commit_interval_ms, push_targets)
         runner.cluster = queues is not None
+        # The rates' first sample: work done before the timer's first second counts too.
+        runner.activity.sample(now_ms(), *engine.delivered_and_acked())
+        runner._total_queues = total_queues
+        runner.queues_changed()
         redriving = await store.load_redriving(name)
         if queues is not None:  # the others' owners pick theirs up (``add_queue``)
             redriving = [d for d in redriving if (d.message.topic, d.message.qid) in progress]
@@ -138,7 +154,10 @@ class GroupRunner(QueueHooks, OperatorCalls):
         runner.dead_letter_count = await store.count_dead_letters(name)
         task_group.start_soon(runner._run, name=f"group:{name}")
         logger.info(
-            "group=%s started queues=%d buffered=%d", name, len(progress), engine.stats().buffered
+            "group=%s started queues=%d buffered=%d",
+            name,
+            len(progress),
+            engine.stats(now_ms()).buffered,
         )
         return runner
 
@@ -176,6 +195,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
 
     async def close(self, *, commit: bool = True) -> None:
         """Stop the tasks and, unless told otherwise, persist progress one last time."""
+        if self._rate_timer is not None:
+            self._rate_timer.cancel()
+            self._rate_timer = None
         if self._scope is not None:
             self._scope.cancel()
             await self._closed.wait()
@@ -208,7 +230,9 @@ class GroupRunner(QueueHooks, OperatorCalls):
             with anyio.move_on_after(delay):
                 await self._timer_kick.wait()
             self._timer_due_ms = 0
-            self._engine.tick(now_ms())
+            now = now_ms()
+            self._engine.tick(now)
+            self.activity.sample(now, *self._engine.delivered_and_acked())
             if self._engine.has_ready():
                 self._notify_ready()
             self._fetch_kick.set()  # time may have made reads due (delay rescans, wake-ups)
@@ -221,7 +245,8 @@ class GroupRunner(QueueHooks, OperatorCalls):
         that gives them back (``Waiters.wait``)."""
         if self._stopping or not self._waiters:
             return 0
-        served = self._waiters.hand_out(self._engine.has_ready, self._take_for)
+        has_work = self._engine.has_ready if self._rate is None else self._has_work_in_rate
+        served = self._waiters.hand_out(has_work, self._take_for)
         if served:
             self._kick_timer()  # new ack deadlines
         return served
@@ -307,7 +332,58 @@ class GroupRunner(QueueHooks, OperatorCalls):
             logger.exception("group=%s hand-out to waiting pulls failed", self.name)
 
     def _take_for(self, waiter: Waiter) -> list[Delivery]:
-        return self._engine.pull(waiter.max_messages, waiter.topics, now_ms(), waiter.max_per_key)
+        return self._take(waiter.max_messages, waiter.topics, waiter.max_per_key, waiter.consumer)
+
+    def _take(
+        self,
+        max_messages: int,
+        topics: Collection[str] | None,
+        max_per_key: int,
+        consumer: str | None,
+    ) -> list[Delivery]:
+        """One engine pull, within ``max_per_second`` when the group has one."""
+        rate = self._rate
+        if rate is None:
+            return self._engine.pull(max_messages, topics, now_ms(), max_per_key, consumer)
+        now = monotonic_s()
+        allowed = rate.allowance(max_messages, now)
+        if allowed == 0:
+            if self._engine.has_ready(topics):
+                self._hand_out_after(rate.held_back(now))
+            return []
+        deliveries = self._engine.pull(allowed, topics, now_ms(), max_per_key, consumer)
+        rate.spend(len(deliveries), now)
+        return deliveries
+
+    def _has_work_in_rate(self, topics: Collection[str] | None) -> bool:
+        """``has_ready`` for a rate-limited group: ready work *and* a token for it; when only
+        the token is missing, a hand-out is scheduled for when the next one is due."""
+        if not self._engine.has_ready(topics):
+            return False
+        assert self._rate is not None
+        now = monotonic_s()
+        if self._rate.allowance(1, now):
+            return True
+        self._hand_out_after(self._rate.held_back(now))
+        return False
+
+    def _hand_out_after(self, delay_s: float) -> None:
+        if self._rate_timer is None:
+            self._rate_timer = asyncio.get_running_loop().call_later(delay_s, self._rate_due)
+
+    def _rate_due(self) -> None:
+        self._rate_timer = None
+        self._scheduled_hand_out()
+
+    def queues_changed(self) -> None:
+        """The queues served here changed (cluster): the rate follows the owned share."""
+        if self._rate is not None and self._total_queues:
+            owned = len(self._engine.served_queues())
+            self._rate.set_share(owned / self._total_queues if self.cluster else 1.0)
+
+    def throttled_seconds(self) -> float:
+        """Time ``max_per_second`` held ready messages back (0 without a limit)."""
+        return 0.0 if self._rate is None else self._rate.throttled_seconds(monotonic_s())
 
     @property
     def waiting_pulls(self) -> int:
@@ -345,10 +421,14 @@ class GroupRunner(QueueHooks, OperatorCalls):
         return self._engine.reads(topic)
 
     def stats(self) -> GroupStats:
-        return self._engine.stats()
+        return self._engine.stats(now_ms())
 
     def blocked_keys(self, topic: str | None) -> list[BlockedKey]:
-        return self._engine.blocked_keys(topic)
+        return self._engine.blocked_keys(now_ms(), topic)
+
+    def consumers(self) -> list[ConsumerSeen]:
+        """Consumers that pulled in the last five minutes, with their messages in flight."""
+        return self.activity.consumers(now_ms(), self._engine.in_flight_by_consumer())
 
     def push_stats(self) -> list[PushStats]:
         """The state of each topic's pusher (none when no topic entry has ``push``)."""
@@ -390,8 +470,12 @@ class GroupRunner(QueueHooks, OperatorCalls):
         results: Sequence[Result],
         max_per_key: int = 1,
         gone: WatchGone | None = None,
+        consumer: str | None = None,
     ) -> PullResult:
         """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``.
+
+        ``consumer`` names the puller (the group's stats list it); None: the proxy's own
+        pusher.
 
         ``gone``, when given, tells when the caller is gone (its client disconnected;
         ``waiters.WatchGone``): a pull waiting then leaves the line and answers nothing;
@@ -400,9 +484,11 @@ class GroupRunner(QueueHooks, OperatorCalls):
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
             return PullResult([], applied, unknown)
-        deliveries = self._engine.pull(max_messages, topics, now_ms(), max_per_key)
+        if consumer is not None:
+            self.activity.pulled(consumer, now_ms())
+        deliveries = self._take(max_messages, topics, max_per_key, consumer)
         if not deliveries and wait_ms > 0:
-            waiter = Waiter(max_messages, topics, max_per_key)
+            waiter = Waiter(max_messages, topics, max_per_key, consumer)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
             self._kick_timer()

@@ -102,10 +102,11 @@ class OperatorCalls:
         self._fetch_kick.set()
         logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
 
-    async def redrive(self, topic: str | None) -> int:
-        """Deliver dead letters again (cluster: those of the queues this proxy owns)."""
+    async def redrive(self, topic: str | None, refs: Collection[MessageRef] | None = None) -> int:
+        """Deliver dead letters again (cluster: those of the queues this proxy owns); with
+        ``refs``, only those."""
         owned = self._engine.served_queues() if self.cluster else None
-        dead = await self._store.start_redrive(self.name, topic, owned)
+        dead = await self._store.start_redrive(self.name, topic, owned, refs)
         count = self._engine.redrive(dead)
         self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
         if self._engine.has_ready():
@@ -113,6 +114,22 @@ class OperatorCalls:
         await self.commit()  # dead letters of unsubscribed topics go back
         logger.info("group=%s redriving dead_letters=%d", self.name, count)
         return count
+
+    async def delete_dead_letters(
+        self,
+        topic: str | None,
+        refs: Collection[MessageRef] | None,
+        before_ms: int | None = None,
+    ) -> int:
+        """Delete stored dead letters (``GroupStateStore.delete_dead_letters``); returns how
+        many. Pending ones are committed first, so what was just listed can be deleted."""
+        await self.commit()
+        deleted = await self._store.delete_dead_letters(self.name, topic, refs, before_ms)
+        if deleted:
+            # Counted again rather than subtracted: in a cluster a peer may delete too.
+            self.dead_letter_count = await self._store.count_dead_letters(self.name)
+            logger.info("group=%s deleted dead_letters=%d", self.name, deleted)
+        return deleted
 
     def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
         done = self._engine.skip(topic, order_value, ref, now_ms())

@@ -24,6 +24,7 @@ class QueueHooks:
     _fetch_kick: anyio.Event
     _notify_ready: Callable[[], None]
     reads: Callable[[str], bool]
+    queues_changed: Callable[[], None]
 
     @property
     def config(self) -> GroupConfig:
@@ -45,6 +46,7 @@ class QueueHooks:
             stored = QueueProgress(start)
             await self._store.commit(self.name, {(topic, qid): stored})
         self._engine.add_queue(topic, qid, stored, stats.next_offset)
+        self.queues_changed()
         # Dead letters a redrive marked and a former owner did not finish: delivered here.
         redriving = await self._store.load_redriving(self.name)
         self._engine.redrive(
@@ -74,4 +76,5 @@ class QueueHooks:
     def drop_queue(self, topic: str, qid: int) -> None:
         """Forget the queue (handed over or lost): results for it answer unknown."""
         self._engine.drop_queue(topic, qid)
+        self.queues_changed()
         self._notify_ready()

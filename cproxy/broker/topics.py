@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from cproxy.errors import InvalidRequest, TopicConflict, TopicNotFound
-from cproxy.model import NewMessage, QueueStats, TopicInfo
+from cproxy.model import Message, NewMessage, QueueStats, TopicInfo
 from cproxy.placement import key_hash
 from cproxy.store.base import MessageLog
 
@@ -130,6 +130,41 @@ class Topics:
                     "'to' must be 'earliest', 'latest', an offset or {'timestamp_ms': n}"
                 )
         return targets
+
+    async def browse(
+        self,
+        topic: str,
+        qid: int | None,
+        from_offset: int | None,
+        from_ms: int | None,
+        last: int | None,
+        limit: int,
+    ) -> tuple[int, list[Message], int]:
+        """Stored messages of one queue, read without any group: ``(qid, messages, next)``.
+
+        From ``from_offset`` (default: the oldest stored), the first at or after ``from_ms``,
+        or the newest ``last``; at most ``limit``. ``next`` is the offset to continue from.
+        ``qid`` may be left out on a topic with one queue.
+        """
+        queues = self.get(topic).queues
+        if qid is None:
+            if queues != 1:
+                raise InvalidRequest(f"name the queue: topic {topic!r} has {queues} queues (qid)")
+            qid = 0
+        if not 0 <= qid < queues:
+            raise InvalidRequest(f"qid {qid} is out of range: topic {topic!r} has {queues} queues")
+        if sum(x is not None for x in (from_offset, from_ms, last)) > 1:
+            raise InvalidRequest("give at most one of 'from', 'from_ms' and 'last'")
+        stats = next(s for s in await self._log.queue_stats(topic) if s.qid == qid)
+        if from_ms is not None:
+            start = await self._log.offset_for_time(topic, qid, from_ms)
+        elif last is not None:
+            start = max(stats.min_offset, stats.next_offset - last)
+            limit = min(limit, last)
+        else:
+            start = max(from_offset or 0, stats.min_offset)
+        messages = await self._log.read(topic, qid, start, limit)
+        return qid, messages, messages[-1].offset + 1 if messages else start
 
     async def apply_retention(self, now_ms: int) -> list[tuple[str, dict[int, int]]]:
         """One retention pass: ``(topic, {qid: new min_offset})`` for every trimmed topic."""

@@ -63,6 +63,7 @@ class Waiter:
     __slots__ = (
         "_future",
         "_woken",
+        "consumer",
         "deliveries",
         "key",
         "left",
@@ -73,11 +74,16 @@ class Waiter:
     )
 
     def __init__(
-        self, max_messages: int, topics: Collection[str] | None, max_per_key: int = 1
+        self,
+        max_messages: int,
+        topics: Collection[str] | None,
+        max_per_key: int = 1,
+        consumer: str | None = None,
     ) -> None:
-        """``max_messages`` and ``max_per_key`` as for ``GroupEngine.pull``; ``topics``
-        None means every topic the group reads."""
+        """``max_messages``, ``max_per_key`` and ``consumer`` as for ``GroupEngine.pull``;
+        ``topics`` None means every topic the group reads."""
         self.max_messages = max_messages
+        self.consumer = consumer
         self.max_per_key = max_per_key
         self.topics = topics
         self.key: LaneKey = None if topics is None else tuple(sorted(set(topics)))

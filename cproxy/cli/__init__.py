@@ -9,7 +9,11 @@ CA). ``main`` is the ``cproxy`` entry point, and ``python -m cproxy.cli`` runs i
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from consumer_sdk import ClientError
 from cproxy.cli.commands import COMMANDS, CommandError, client_for
@@ -25,22 +29,54 @@ __all__ = ["build_parser", "main", "serve"]
 EXIT_INTERRUPTED = 130
 
 
+#: ``serve``'s settings that may come from the environment (containers set these, not argv):
+#: a flag wins over its variable, the variable over the config file.
+SERVE_ENVIRONMENT = {
+    "config": "CPROXY_CONFIG",
+    "host": "CPROXY_HOST",
+    "port": "CPROXY_PORT",
+    "data_dir": "CPROXY_DATA_DIR",
+    "store": "CPROXY_STORE",
+}
+
+
+def serve_arguments(args: Any, environ: Mapping[str, str]) -> dict[str, Any]:
+    """``serve``'s flags, each missing one taken from its ``CPROXY_*`` variable if set."""
+    out: dict[str, Any] = {}
+    for name, variable in SERVE_ENVIRONMENT.items():
+        value = getattr(args, name)
+        raw = environ.get(variable, "")
+        if value is None and raw:
+            if name == "port":
+                try:
+                    value = int(raw)
+                except ValueError:
+                    raise SystemExit(
+                        f"cproxy: error: {variable} must be a port number, got {raw!r}"
+                    ) from None
+            else:
+                value = Path(raw) if name in ("config", "data_dir") else raw
+        out[name] = value
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one ``cproxy`` command; exits with status 1 on an error, 2 on a usage error."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "serve":
+        given = serve_arguments(args, os.environ)
         try:
             settings = load_settings(
-                args.config,
-                host=args.host,
-                port=args.port,
-                data_dir=args.data_dir,
+                given["config"],
+                host=given["host"],
+                port=given["port"],
+                data_dir=given["data_dir"],
                 log_level=args.log_level,
                 log_format=args.log_format,
                 tls_cert=args.tls_cert,
                 tls_key=args.tls_key,
-                store_url=args.store,
+                store_url=given["store"],
                 node_id=args.node_id,
                 advertise_url=args.advertise_url,
             )

@@ -126,7 +126,15 @@ def _group_config(args: argparse.Namespace) -> dict[str, Any]:
             config["retry_backoff_ms"] = [int(v) for v in args.retry_backoff_ms.split(",")]
         except ValueError:
             raise CommandError("--retry-backoff-ms wants integers like 1000,5000") from None
-    for field in ("max_attempts", "ack_timeout_ms", "start", "on_exhausted", "max_buffered"):
+    for field in (
+        "max_attempts",
+        "ack_timeout_ms",
+        "start",
+        "on_exhausted",
+        "max_buffered",
+        "stuck_after_ms",
+        "dead_letter_retention_ms",
+    ):
         value = getattr(args, field)
         if value is not None:
             config[field] = value
@@ -172,12 +180,61 @@ def _seek_target(args: argparse.Namespace) -> str | int | dict[str, int]:
 
 
 # -- operations ---------------------------------------------------------------------------------
+def _refs(texts: list[str] | None) -> list[tuple[str, int, int]] | None:
+    """``--message TOPIC:QID:OFFSET`` values as message refs (None when none was given)."""
+    if not texts:
+        return None
+    refs = []
+    for text in texts:
+        topic, _, rest = text.rpartition(":")
+        topic, _, qid = topic.rpartition(":")
+        if not topic or not qid.isdigit() or not rest.isdigit():
+            raise CommandError(f"--message: expected TOPIC:QID:OFFSET, got {text!r}")
+        refs.append((topic, int(qid), int(rest)))
+    return refs
+
+
+def _confirm(question: str) -> None:
+    """Ask on the terminal; refuse without one (``--yes`` skips the question)."""
+    if not sys.stdin.isatty():
+        raise CommandError(f"{question} Not confirmed: run it on a terminal, or add --yes")
+    sys.stderr.write(f"{question} [y/N] ")
+    sys.stderr.flush()
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise CommandError("not confirmed: nothing deleted")
+
+
 def dead_letters(args: argparse.Namespace, client: Client) -> None:
+    refs = _refs(args.message)
     if args.action == "list":
         rows = client.dead_letters(args.group, topic=args.topic, limit=args.limit)
         _print({"dead_letters": rows})
+    elif args.action == "redrive":
+        _print({"redriven": client.redrive(args.group, args.topic, refs)})
     else:
-        _print({"redriven": client.redrive(args.group, args.topic)})
+        if refs is None and args.topic is None:
+            raise CommandError("'dead-letters delete' needs --message or --topic")
+        if refs is not None and args.topic is not None:
+            raise CommandError("'dead-letters delete': --message or --topic, not both")
+        if not args.yes:
+            what = f"{len(refs)} dead letter(s)" if refs else f"every dead letter of {args.topic!r}"
+            _confirm(f"Delete {what} of group {args.group!r} for good?")
+        _print({"deleted": client.delete_dead_letters(args.group, topic=args.topic, messages=refs)})
+
+
+def peek(args: argparse.Namespace, client: Client) -> None:
+    """Print stored messages, one JSON object per line (no group: nothing is touched)."""
+    page = client.browse(
+        args.topic,
+        qid=args.qid,
+        start=args.start,
+        from_ms=args.from_ms,
+        last=args.last,
+        limit=args.limit,
+    )
+    for message in page["messages"]:
+        sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
 
 
 def blocked(args: argparse.Namespace, client: Client) -> None:
@@ -250,6 +307,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], None]] = {
     "groups": groups,
     "produce": produce,
     "tail": tail,
+    "peek": peek,
     "dead-letters": dead_letters,
     "blocked": blocked,
 }

@@ -81,11 +81,25 @@ def _add(sub: Commands, name: str, text: str) -> argparse.ArgumentParser:
 
 
 def _serve(sub: Commands) -> None:
-    s = _add(sub, "serve", "run the service (flags override the config file)")
-    s.add_argument("--host", help="interface to bind (default: from the file, else 127.0.0.1)")
-    s.add_argument("--port", type=int, help="port to bind (default: from the file, else 9713)")
-    s.add_argument("--data-dir", type=Path, help="SQLite data directory (default: ./cproxy-data)")
-    s.add_argument("--config", type=Path, help="TOML file: topics, groups, tokens, limits")
+    s = _add(
+        sub,
+        "serve",
+        "run the service (flags override $CPROXY_* variables, which override the config file)",
+    )
+    s.add_argument(
+        "--host", help="interface to bind ($CPROXY_HOST; default: from the file, else 127.0.0.1)"
+    )
+    s.add_argument(
+        "--port", type=int, help="port to bind ($CPROXY_PORT; default: from the file, else 9713)"
+    )
+    s.add_argument(
+        "--data-dir",
+        type=Path,
+        help="SQLite data directory ($CPROXY_DATA_DIR; default: ./cproxy-data)",
+    )
+    s.add_argument(
+        "--config", type=Path, help="TOML file: topics, groups, tokens, limits ($CPROXY_CONFIG)"
+    )
     s.add_argument(
         "--tls-cert",
         type=Path,
@@ -102,7 +116,7 @@ def _serve(sub: Commands) -> None:
         "--store",
         metavar="URL",
         help="postgresql://user@host:5432/db: run on PostgreSQL, one cluster with every proxy "
-        "on that database (default: SQLite in --data-dir)",
+        "on that database ($CPROXY_STORE; default: SQLite in --data-dir)",
     )
     s.add_argument("--node-id", help="cluster: this proxy's name (default: <hostname>-<port>)")
     s.add_argument(
@@ -170,6 +184,16 @@ def _groups(sub: Commands) -> None:
     )
     p.add_argument("--max-buffered", type=_int_at_least(1), help="create (default: the server's)")
     p.add_argument(
+        "--stuck-after-ms",
+        type=_int_at_least(1),
+        help="create: a head in flight this long is a blocked key (default: 60000)",
+    )
+    p.add_argument(
+        "--dead-letter-retention-ms",
+        type=_int_at_least(1),
+        help="create: delete dead letters older than this (default: keep them)",
+    )
+    p.add_argument(
         "--filter",
         metavar="JMESPATH",
         help="create: deliver only messages for which this expression on {key, headers, body} "
@@ -219,40 +243,69 @@ def _produce(sub: Commands) -> None:
     )
 
 
-def _tail(sub: Commands, name: str) -> None:
-    peek = name == "peek"
+def _tail(sub: Commands) -> None:
     p = _add(
         sub,
-        name,
-        "print messages without acking them (tail --no-ack): they stay in flight until the "
-        "group's ack timeout, then are delivered again"
-        if peek
-        else "pull, print (one JSON object per line) and ack messages; Ctrl-C stops",
+        "tail",
+        "CONSUMES: pull from GROUP, print (one JSON object per line) and ack, so the group's "
+        "own consumers never get these messages; Ctrl-C stops. To look without touching, use "
+        "'cproxy peek'",
     )
     _client_flags(p)
-    p.add_argument("group", help="the consumer group")
+    p.add_argument("group", help="the consumer group to consume from")
     p.add_argument(
         "--count", type=_int_at_least(1), help="stop after this many messages (default: never)"
     )
-    if not peek:
-        p.add_argument(
-            "--no-ack",
-            action="store_true",
-            help="do not ack: messages stay in flight until the group's ack timeout",
-        )
+    p.add_argument(
+        "--no-ack",
+        action="store_true",
+        help="do not ack: each message still uses up a delivery attempt and holds its key "
+        "until the group's ack timeout",
+    )
     p.add_argument("--topic", action="append", help="only these topics, repeatable (default: all)")
     p.add_argument(
         "--wait-ms", type=_int_at_least(0), default=5000, help="long-poll wait of each pull"
     )
-    p.set_defaults(command="tail", **({"no_ack": True} if peek else {}))
+
+
+def _peek(sub: Commands) -> None:
+    p = _add(
+        sub,
+        "peek",
+        "print stored messages of a topic's queue (one JSON object per line) without any "
+        "group: nothing is delivered, held or charged",
+    )
+    _client_flags(p)
+    p.add_argument("topic", help="the topic to read")
+    p.add_argument(
+        "--qid", type=_int_at_least(0), help="the queue (default: 0 on a one-queue topic)"
+    )
+    start = p.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from", dest="start", type=_int_at_least(0), help="first offset (default: the oldest)"
+    )
+    start.add_argument(
+        "--from-ms", type=_int_at_least(0), help="first message produced at or after this time"
+    )
+    start.add_argument("--last", type=_int_at_least(1), help="the newest N messages")
+    p.add_argument("--limit", type=_int_at_least(1), default=50, help="at most this many")
 
 
 def _dead_letters(sub: Commands) -> None:
-    p = _add(sub, "dead-letters", "list a group's dead letters, or redrive them")
+    p = _add(
+        sub, "dead-letters", "list a group's dead letters, redrive them, or delete them for good"
+    )
     _client_flags(p)
-    p.add_argument("action", choices=["list", "redrive"], help="what to do")
+    p.add_argument("action", choices=["list", "redrive", "delete"], help="what to do")
     p.add_argument("group", help="the consumer group")
-    p.add_argument("--topic", help="only this topic (default: all)")
+    p.add_argument("--topic", help="only this topic (default: all; delete: --topic or --message)")
+    p.add_argument(
+        "--message",
+        action="append",
+        metavar="TOPIC:QID:OFFSET",
+        help="redrive/delete: just this dead letter, repeatable (default: all of --topic)",
+    )
+    p.add_argument("--yes", action="store_true", help="delete without asking for confirmation")
     p.add_argument(
         "--limit",
         type=_int_at_least(1),
@@ -297,8 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
     _topics(sub)
     _groups(sub)
     _produce(sub)
-    _tail(sub, "tail")
-    _tail(sub, "peek")
+    _tail(sub)
+    _peek(sub)
     _dead_letters(sub)
     _blocked(sub)
     return parser

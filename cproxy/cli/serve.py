@@ -50,6 +50,20 @@ def freeze_startup_objects() -> None:
     gc.freeze()
 
 
+def require_store_driver(settings: Settings) -> None:
+    """PostgreSQL needs the optional driver: without it, one line naming the extra (exit 1)
+    instead of an import traceback from inside the app."""
+    if settings.store_url is None:
+        return
+    try:
+        import asyncpg  # noqa: F401 (only checked)
+    except ImportError:
+        raise SystemExit(
+            "cproxy: error: the PostgreSQL store needs its driver: "
+            "pip install 'cproxy-ordered[postgres]'"
+        ) from None
+
+
 def serve(settings: Settings) -> None:
     """Run the service until SIGINT/SIGTERM; shutdown persists every group's progress."""
     import uvicorn
@@ -57,6 +71,7 @@ def serve(settings: Settings) -> None:
     from cproxy.api.app import create_app
     from cproxy.api.lean_http import protocol_for
 
+    require_store_driver(settings)  # before anything else is printed: the one line
     configure_logging(settings.log_level, settings.log_format)
     tune_gc()
     if not settings.auth_enabled:

@@ -156,8 +156,11 @@ class GroupEngine(Operations, QueueSet):
         topics: Collection[str] | None,
         now_ms: int,
         max_per_key: int = 1,
+        consumer: str | None = None,
     ) -> list[Delivery]:
         """Hand out up to ``max_messages`` ready heads; they are in flight until acked.
+
+        ``consumer`` names who pulled (stats count its messages in flight; None: a push).
 
         With ``max_per_key`` > 1 a head may bring up to ``max_per_key - 1`` of the messages
         waiting behind it (a same-key run, in offset order): the consumer handles them in
@@ -189,6 +192,8 @@ class GroupEngine(Operations, QueueSet):
             if len(out) >= max_messages:
                 break
         self._timeouts.push_all(deadline, sent)
+        for entry in sent:
+            entry.consumer = consumer
         return out
 
     def _send(

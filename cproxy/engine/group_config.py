@@ -13,6 +13,10 @@ from cproxy.errors import ConfigError, InvalidOrderBy
 
 MAX_BACKOFF_MS: Final = 86_400_000
 MAX_ACK_TIMEOUT_MS: Final = 43_200_000
+#: Upper bound of ``stuck_after_ms`` (a day) and of ``dead_letter_retention_ms`` (~100 years).
+MAX_STUCK_AFTER_MS: Final = 86_400_000
+MAX_RETENTION_MS: Final = 3_153_600_000_000
+MAX_PER_SECOND: Final = 1_000_000
 
 Start = Literal["earliest", "latest"]
 OnExhausted = Literal["dead_letter", "block"]
@@ -23,7 +27,8 @@ class GroupConfig:
     """Settings of one consumer group (docs/api.md, ``PUT /v1/groups/{group}``).
 
     Defaults: 5 attempts, backoff 1 s / 5 s / 30 s (the last repeating), 30 s ack timeout,
-    start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered.
+    start at the earliest offset, dead-letter when attempts run out, 10,000 messages buffered,
+    a head in flight for a minute counts as stuck, dead letters kept until deleted.
     """
 
     topics: Mapping[str, OrderBy]
@@ -39,6 +44,13 @@ class GroupConfig:
     filters: Mapping[str, Expression] = field(default_factory=dict)
     #: Topic -> transform of the delivered body.
     transforms: Mapping[str, Expression] = field(default_factory=dict)
+    #: A head in flight this long counts as a blocked (stuck) key; shorter is just working.
+    stuck_after_ms: int = 60_000
+    #: Dead letters older than this are deleted by the retention pass; None keeps them.
+    dead_letter_retention_ms: int | None = None
+    #: Deliveries per second of the whole group (pull and push); None: unlimited. The broker
+    #: enforces it (``cproxy.broker.rate``): the engine has no clock.
+    max_per_second: int | None = None
 
     def backoff_ms(self, attempt: int) -> int:
         """Backoff after the ``attempt``-th delivery failed (1-based; the last value repeats)."""
@@ -63,6 +75,9 @@ class GroupConfig:
             "start": self.start,
             "on_exhausted": self.on_exhausted,
             "max_buffered": self.max_buffered,
+            "stuck_after_ms": self.stuck_after_ms,
+            "dead_letter_retention_ms": self.dead_letter_retention_ms,
+            "max_per_second": self.max_per_second,
         }
 
     @classmethod
@@ -116,6 +131,9 @@ class GroupConfig:
         on_exhausted = data.get("on_exhausted", defaults.on_exhausted)
         if on_exhausted not in ("dead_letter", "block"):
             raise ConfigError("on_exhausted must be 'dead_letter' or 'block'")
+        dead_retention = data.get("dead_letter_retention_ms")
+        if dead_retention is not None:
+            dead_retention = _int(data, "dead_letter_retention_ms", 0, 1, MAX_RETENTION_MS)
         return cls(
             topics=parsed,
             max_attempts=_int(data, "max_attempts", defaults.max_attempts, 1, 1000),
@@ -126,9 +144,18 @@ class GroupConfig:
             start=start,
             on_exhausted=on_exhausted,
             max_buffered=_int(data, "max_buffered", defaults.max_buffered, 1, 10_000_000),
+            max_per_second=(
+                None
+                if data.get("max_per_second") is None
+                else _int(data, "max_per_second", 0, 1, MAX_PER_SECOND)
+            ),
             push=push,
             filters=filters,
             transforms=transforms,
+            stuck_after_ms=_int(
+                data, "stuck_after_ms", defaults.stuck_after_ms, 1, MAX_STUCK_AFTER_MS
+            ),
+            dead_letter_retention_ms=dead_retention,
         )
 
 
@@ -141,6 +168,9 @@ _KNOWN: Final = frozenset(
         "start",
         "on_exhausted",
         "max_buffered",
+        "stuck_after_ms",
+        "dead_letter_retention_ms",
+        "max_per_second",
     }
 )
 

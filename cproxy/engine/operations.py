@@ -123,12 +123,13 @@ class Operations:
             count += 1
         return count
 
-    def blocked_keys(self, topic: str | None = None) -> list[BlockedKey]:
-        """Order values whose head is in flight, retrying or exhausted, longest-blocked first."""
+    def blocked_keys(self, now_ms: int, topic: str | None = None) -> list[BlockedKey]:
+        """Stuck order values (``_stuck``) and exhausted unordered messages, longest-blocked
+        first, each with its head's body."""
         rows: list[BlockedKey] = []
         for chain in self._seq.chains():
             head = chain.head
-            if head is None or head.state in _NOT_BLOCKED or (topic and chain.topic != topic):
+            if head is None or (topic and chain.topic != topic) or not self._stuck(head, now_ms):
                 continue
             rows.append(_row(head, chain.value, len(chain.waiting), chain.is_parked))
         for entry in self._exhausted.values():
@@ -136,6 +137,33 @@ class Operations:
                 rows.append(_row(entry, None, 0, False))
         rows.sort(key=lambda r: (r.blocked_since_ms, r.topic, r.qid, r.offset))
         return rows
+
+    def _stuck(self, head: Entry, now_ms: int) -> bool:
+        """A chain head that holds its key up: it failed and waits for its retry, it is
+        exhausted, or it has been in flight (since its first hand-out) ``stuck_after_ms`` or
+        longer. A head merely being handled is not stuck."""
+        state = head.state
+        if state is State.RETRYING or state is State.EXHAUSTED:
+            return True
+        return (
+            state is State.IN_FLIGHT
+            and now_ms - head.blocked_since_ms >= self.config.stuck_after_ms
+        )
+
+    def in_flight_by_consumer(self) -> dict[str | None, int]:
+        """Messages in flight per consumer id (None: pushed)."""
+        counts: dict[str | None, int] = {}
+        for entry in self._in_flight.values():
+            counts[entry.consumer] = counts.get(entry.consumer, 0) + 1
+        return counts
+
+    def delivered_and_acked(self) -> tuple[int, int]:
+        """Deliveries and acks since the group started (for rates over a window)."""
+        delivered = acked = 0
+        for c in self._counters.values():
+            delivered += c.delivered
+            acked += c.acked
+        return delivered, acked
 
     def skip(
         self,
@@ -186,17 +214,25 @@ class Operations:
             )
         return entry
 
-    def stats(self) -> GroupStats:
-        """A snapshot of the group's counts and positions."""
+    def stats(self, now_ms: int) -> GroupStats:
+        """A snapshot of the group's counts and positions (``now_ms``: the driver's clock,
+        which tells a head in flight past ``stuck_after_ms``)."""
         tally = self._tally
         chains = list(self._seq.chains())
-        blocked_heads = [
-            c for c in chains if c.head is not None and c.head.state not in _NOT_BLOCKED
-        ]
-        blocked = len(blocked_heads) + sum(1 for e in self._exhausted.values() if e.chain is None)
-        # Messages waiting behind a blocked head do not count in lag_excluding_parked.
+        busy_heads = [c for c in chains if c.head is not None and c.head.state not in _NOT_BLOCKED]
+        stuck = 0
+        in_flight_keys = 0
+        for chain in busy_heads:
+            head = chain.head
+            assert head is not None
+            if self._stuck(head, now_ms):
+                stuck += 1
+            elif head.state is State.IN_FLIGHT:
+                in_flight_keys += 1
+        blocked = stuck + sum(1 for e in self._exhausted.values() if e.chain is None)
+        # Messages waiting behind a head that is not ready do not count in lag_excluding_parked.
         stuck_waiting: dict[QueueRef, int] = {}
-        for chain in blocked_heads:
+        for chain in busy_heads:
             for entry in chain.waiting:
                 ref = (entry.message.topic, entry.message.qid)
                 stuck_waiting[ref] = stuck_waiting.get(ref, 0) + 1
@@ -249,6 +285,7 @@ class Operations:
             exhausted=tally.count(State.EXHAUSTED),
             buffered=tally.held,
             blocked_keys=blocked,
+            in_flight_keys=in_flight_keys,
             parked_keys=sum(1 for c in chains if c.is_parked),
             pending_dead_letters=len(self._pending.dead_letters),
             delayed=tally.count(State.DELAYED)
@@ -328,4 +365,5 @@ def _row(head: Entry, value: str | None, waiting: int, parked: bool) -> BlockedK
         head.blocked_since_ms,
         waiting,
         parked,
+        m.body_json,
     )

@@ -88,7 +88,8 @@ class GroupStats:
     exhausted: int
     #: Messages held in memory in any state: bounded by ``max_buffered``.
     buffered: int
-    #: Order values (and unordered messages) whose head is handed out, retrying or exhausted.
+    #: Stuck order values: the head waits for its retry, is exhausted, or has been in flight
+    #: past ``stuck_after_ms``; and exhausted unordered messages.
     blocked_keys: int
     parked_keys: int
     #: Dead letters decided but not yet persisted (the next commit writes them).
@@ -96,11 +97,14 @@ class GroupStats:
     #: Delayed messages not due yet: held in memory, heading a sleeping chain (one per
     #: key), or released from memory (unordered; exact after each rescan).
     delayed: int = 0
+    #: Order values whose head is in flight and not stuck yet (being handled).
+    in_flight_keys: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class BlockedKey:
-    """An order value whose head is not finished: handed out, retrying or exhausted."""
+    """A stuck order value: its head waits for a retry, is exhausted, or has been in flight
+    past the group's ``stuck_after_ms``."""
 
     topic: str
     #: None for an unordered message that is exhausted.
@@ -118,3 +122,5 @@ class BlockedKey:
     waiting: int
     #: True when later messages of this order value were released from memory.
     parked: bool
+    #: The head's stored body (JSON).
+    body_json: bytes

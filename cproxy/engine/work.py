@@ -71,6 +71,7 @@ class Entry:
         "blocked_since_ms",
         "body_json",
         "chain",
+        "consumer",
         "deadline_ms",
         "due_ms",
         "last_error",
@@ -99,6 +100,8 @@ class Entry:
         self.blocked_since_ms = 0
         #: The body to deliver when the group transforms it (JSON); None: the stored body.
         self.body_json: bytes | None = None
+        #: Who the current (or last) delivery went to: the pull's consumer id; None: a push.
+        self.consumer: str | None = None
 
 
 class _TopicTally:

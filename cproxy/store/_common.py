@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from cproxy.errors import InvalidRequest, TopicNotFound
-from cproxy.model import NewMessage
+from cproxy.model import DeadLetter, MessageRef, NewMessage
 
 
 def dedup_live(stored_at_ms: int, now_ms: int, window_ms: int) -> bool:
@@ -43,3 +43,17 @@ def message_qids(topic: str, messages: Sequence[NewMessage], queues: int) -> lis
 def check_queues(queues: int) -> None:
     if queues < 1:
         raise InvalidRequest(f"a topic needs at least one queue, got {queues}")
+
+
+def dead_letters_matching(
+    rows: Iterable[DeadLetter], refs: Collection[MessageRef] | None, before_ms: int | None
+) -> list[DeadLetter]:
+    """The dead letters among ``refs`` (None: any) dead-lettered before ``before_ms`` (None:
+    any time): what ``delete_dead_letters`` deletes of a group's (topic-filtered) rows."""
+    named = None if refs is None else set(refs)
+    return [
+        d
+        for d in rows
+        if (named is None or d.message.ref in named)
+        and (before_ms is None or d.dead_lettered_at_ms < before_ms)
+    ]

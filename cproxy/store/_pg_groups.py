@@ -146,17 +146,24 @@ class PgGroupState(PgBase):
         return int(count)
 
     async def start_redrive(
-        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+        self,
+        group: str,
+        topic: str | None,
+        queues: Collection[QueueRef] | None = None,
+        refs: Collection[MessageRef] | None = None,
     ) -> list[DeadLetter]:
         names, qids = ([q[0] for q in queues], [q[1] for q in queues]) if queues else ([], [])
+        named = list(refs or ())
         async with self._conn() as conn:
             tid = await self._topic_filter(conn, topic)
             rows = await conn.fetch(
                 f"UPDATE dead_letters d SET redriving = true FROM topics t WHERE t.tid = d.tid"
                 " AND d.grp = $1 AND NOT d.redriving AND ($2::int IS NULL OR d.tid = $2)"
                 " AND ($3 OR (t.name, d.qid) IN (SELECT * FROM unnest($4::text[], $5::int[])))"
+                f" AND ({_among_refs(6)})"
                 f" RETURNING {DEAD_LETTER_COLUMNS}",
                 group, tid, queues is None, names, qids,
+                refs is None, *columns(named) if named else ([], [], []),
             )  # fmt: skip
         # Python's str order is code point order, as COLLATE "C" on UTF-8.
         marked = [_dead_letter(group, row) for row in rows]
@@ -164,6 +171,34 @@ class PgGroupState(PgBase):
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         return await self._dead_letters(group, True, None)
+
+    async def delete_dead_letters(
+        self,
+        group: str,
+        topic: str | None = None,
+        refs: Collection[MessageRef] | None = None,
+        before_ms: int | None = None,
+    ) -> int:
+        named = list(refs or ())
+        async with self._conn() as conn:
+            tid = await self._topic_filter(conn, topic)
+            status = await conn.execute(
+                "DELETE FROM dead_letters d USING topics t WHERE t.tid = d.tid"
+                " AND d.grp = $1 AND NOT d.redriving AND ($2::int IS NULL OR d.tid = $2)"
+                " AND ($3::bigint IS NULL OR d.dead_lettered_at_ms < $3)"
+                f" AND ({_among_refs(4)})",
+                group, tid, before_ms, refs is None, *columns(named) if named else ([], [], []),
+            )  # fmt: skip
+        return int(status.split()[-1])
+
+
+def _among_refs(n: int) -> str:
+    """SQL: parameter ``$n`` true (any dead letter), or the dead letter is among those named
+    by the next three (arrays of topics, qids, offsets)."""
+    return (
+        f"${n} OR (t.name, d.qid, d.off) IN"
+        f" (SELECT * FROM unnest(${n + 1}::text[], ${n + 2}::int[], ${n + 3}::bigint[]))"
+    )
 
 
 def _dead_letter(group: str, row: asyncpg.Record) -> DeadLetter:

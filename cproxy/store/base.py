@@ -189,10 +189,26 @@ class GroupStateStore(Lifecycle, Protocol):
         """How many dead letters the group has, redriving ones excluded."""
 
     async def start_redrive(
-        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+        self,
+        group: str,
+        topic: str | None,
+        queues: Collection[QueueRef] | None = None,
+        refs: Collection[MessageRef] | None = None,
     ) -> list[DeadLetter]:
         """Mark dead letters as redriving and return them in (topic, qid, offset) order;
-        ``queues`` (cluster: those this proxy owns) limits it to dead letters of those."""
+        ``queues`` (cluster: those this proxy owns) limits it to dead letters of those,
+        ``refs`` to those messages (refs that are no dead letter are ignored)."""
+
+    async def delete_dead_letters(
+        self,
+        group: str,
+        topic: str | None = None,
+        refs: Collection[MessageRef] | None = None,
+        before_ms: int | None = None,
+    ) -> int:
+        """Delete dead letters (redriving ones excluded) of ``topic`` (None: any), among
+        ``refs`` (None: any), dead-lettered before ``before_ms`` (None: any time); returns
+        how many were deleted."""
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         """Dead letters marked redriving (to resume delivery after a restart)."""

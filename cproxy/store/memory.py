@@ -22,6 +22,7 @@ from cproxy.model import (
 from cproxy.store._common import (
     check_qid,
     check_queues,
+    dead_letters_matching,
     dedup_live,
     message_qids,
     topic_not_found,
@@ -299,13 +300,19 @@ class MemoryStore:
         return sum(not dl.redriving for dl in self._dead.get(group, {}).values())
 
     async def start_redrive(
-        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+        self,
+        group: str,
+        topic: str | None,
+        queues: Collection[QueueRef] | None = None,
+        refs: Collection[MessageRef] | None = None,
     ) -> list[DeadLetter]:
         wanted = None if queues is None else set(queues)
+        named = None if refs is None else set(refs)
         marked = [
             dataclasses.replace(dl, redriving=True)
             for dl in self._sorted_dead(group, topic, redriving=False)
-            if wanted is None or (dl.message.topic, dl.message.qid) in wanted
+            if (wanted is None or (dl.message.topic, dl.message.qid) in wanted)
+            and (named is None or dl.message.ref in named)
         ]
         dead = self._dead.get(group, {})
         for dl in marked:
@@ -314,3 +321,18 @@ class MemoryStore:
 
     async def load_redriving(self, group: str) -> list[DeadLetter]:
         return self._sorted_dead(group, None, redriving=True)
+
+    async def delete_dead_letters(
+        self,
+        group: str,
+        topic: str | None = None,
+        refs: Collection[MessageRef] | None = None,
+        before_ms: int | None = None,
+    ) -> int:
+        doomed = dead_letters_matching(
+            self._sorted_dead(group, topic, redriving=False), refs, before_ms
+        )
+        dead = self._dead.get(group, {})
+        for dl in doomed:
+            del dead[dl.message.ref]
+        return len(doomed)

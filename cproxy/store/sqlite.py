@@ -50,7 +50,7 @@ from cproxy.model import (
     QueueRef,
 )
 from cproxy.store._append_plan import plan
-from cproxy.store._common import check_qid, message_qids
+from cproxy.store._common import check_qid, dead_letters_matching, message_qids
 from cproxy.store._records import batch, decode
 from cproxy.store._sqlite_append import Dedup
 from cproxy.store._sqlite_db import (
@@ -369,14 +369,18 @@ class SqliteStore(SqliteTopics):
         return int(row[0])
 
     async def start_redrive(
-        self, group: str, topic: str | None, queues: Collection[QueueRef] | None = None
+        self,
+        group: str,
+        topic: str | None,
+        queues: Collection[QueueRef] | None = None,
+        refs: Collection[MessageRef] | None = None,
     ) -> list[DeadLetter]:
         tid = self._dead_filter(topic)
         wanted = None if queues is None else set(queues)
 
         def run(conn: sqlite3.Connection) -> list[DeadLetter]:
             rows = conn.execute(DEAD_LETTER_SELECT, (group, 0, tid, tid)).fetchall()
-            dead = [dead_letter(group, row) for row in rows]
+            dead = dead_letters_matching((dead_letter(group, row) for row in rows), refs, None)
             if wanted is not None:
                 dead = [d for d in dead if (d.message.topic, d.message.qid) in wanted]
             tids = {name: self._dead_filter(name) for name in {d.message.topic for d in dead}}
@@ -395,6 +399,37 @@ class SqliteStore(SqliteTopics):
             lambda conn: conn.execute(DEAD_LETTER_SELECT, (group, 1, None, None)).fetchall()
         )
         return [dead_letter(group, row) for row in rows]
+
+    async def delete_dead_letters(
+        self,
+        group: str,
+        topic: str | None = None,
+        refs: Collection[MessageRef] | None = None,
+        before_ms: int | None = None,
+    ) -> int:
+        tid = self._dead_filter(topic)
+
+        def run(conn: sqlite3.Connection) -> int:
+            if refs is None:  # by topic and age only: no need to read the rows
+                return conn.execute(
+                    "DELETE FROM dead_letters WHERE grp = ? AND redriving = 0"
+                    " AND (? IS NULL OR tid = ?) AND (? IS NULL OR dead_lettered_at_ms < ?)",
+                    (group, tid, tid, before_ms, before_ms),
+                ).rowcount
+            rows = conn.execute(DEAD_LETTER_SELECT, (group, 0, tid, tid)).fetchall()
+            doomed = dead_letters_matching(
+                (dead_letter(group, row) for row in rows), refs, before_ms
+            )
+            conn.executemany(
+                "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?",
+                [
+                    (group, self._dead_filter(d.message.topic), d.message.qid, d.message.offset)
+                    for d in doomed
+                ],
+            )
+            return len(doomed)
+
+        return await self._db.write(run)
 
 
 def check_data_dir(data_dir: Path) -> None:

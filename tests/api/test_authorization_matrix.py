@@ -49,9 +49,11 @@ G_CONFIG = {"topics": {"a": {"order_by": "key"}}, "max_attempts": 1}
 H_CONFIG = {
     "topics": {"a": {"order_by": "key"}, "b": {"order_by": "key"}},
     "ack_timeout_ms": 600_000,
+    "stuck_after_ms": 1,  # the head in flight is a blocked key at once
 }
 NOPE = {"order_value": "no-such-key"}
 UNKNOWN_REF = {"topic": "a", "qid": 0, "offset": 999_999}
+UNKNOWN_REF_B = {"topic": "b", "qid": 0, "offset": 999_999}
 UNKNOWN_ACK = {"topic": "a", "qid": 0, "acks": [999_999]}
 #: An ack with outputs naming no current delivery: refused (409 stale_results), stores nothing.
 STALE_FENCED = {"topic": "a", "qid": 0, "acks": [{"offset": 999_999, "attempt": 1}]}
@@ -75,6 +77,8 @@ def _calls() -> dict[str, tuple[str, str, Any]]:
         "topic-delete-zz": ("DELETE", "/v1/topics/zz", None),
         "produce-a": ("POST", "/v1/topics/a/messages", {"messages": [{"body": "filler"}]}),
         "produce-b": ("POST", "/v1/topics/b/messages", {"messages": [{"body": "filler"}]}),
+        "browse-a": ("GET", "/v1/topics/a/messages?last=5", None),
+        "browse-b": ("GET", "/v1/topics/b/messages?from=0", None),
         "groups-list": ("GET", "/v1/groups", None),
         "group-delete-zz": ("DELETE", "/v1/groups/zz", None),
         "group-get-zz": ("GET", "/v1/groups/zz", None),
@@ -97,6 +101,21 @@ def _calls() -> dict[str, tuple[str, str, Any]]:
             f"{group}-dead-letters-b": ("GET", f"{base}/dead-letters?topic=b", None),
             f"{group}-redrive-a": ("POST", f"{base}/dead-letters/redrive", {"topic": "a"}),
             f"{group}-redrive-b": ("POST", f"{base}/dead-letters/redrive", {"topic": "b"}),
+            f"{group}-redrive-one-b": (
+                "POST",
+                f"{base}/dead-letters/redrive",
+                {"messages": [UNKNOWN_REF_B]},
+            ),
+            f"{group}-delete-dead-a": (
+                "DELETE",
+                f"{base}/dead-letters",
+                {"messages": [UNKNOWN_REF]},
+            ),
+            f"{group}-delete-dead-b": (
+                "DELETE",
+                f"{base}/dead-letters",
+                {"messages": [UNKNOWN_REF_B]},
+            ),
             f"{group}-blocked-keys": ("GET", f"{base}/blocked-keys", None),
             f"{group}-blocked-keys-b": ("GET", f"{base}/blocked-keys?topic=b", None),
             f"{group}-skip-a": ("POST", f"{base}/blocked-keys/skip", {"topic": "a", **NOPE}),
@@ -124,6 +143,8 @@ topic-delete-b       401  401 409   403  403    403  403    403    403     403
 topic-delete-zz      401  401 404   403  403    403  403    403    403     403
 produce-a            401  401 200   200  200    403  403    403    403     200
 produce-b            401  401 200   200  403    403  403    403    403     403
+browse-a             401  401 200   200  200    200  200    200    200     200
+browse-b             401  401 200   200  403    200  403    200    403     403
 groups-list          401  401 200   200  200    200  200    200    200     200
 group-delete-zz      401  401 404   403  403    403  403    403    403     403
 group-get-zz         401  401 404   403  403    404  404    403    403     403
@@ -142,6 +163,9 @@ g-dead-letters       401  401 200   403  403    200  200    200    200     200
 g-dead-letters-b     401  401 200   403  403    200  403    200    403     403
 g-redrive-a          401  401 200   403  403    200  200    200    200     200
 g-redrive-b          401  401 200   403  403    200  403    200    403     403
+g-redrive-one-b      401  401 200   403  403    200  403    200    403     403
+g-delete-dead-a      401  401 200   403  403    200  200    200    200     200
+g-delete-dead-b      401  401 200   403  403    200  403    200    403     403
 g-blocked-keys       401  401 200   403  403    200  200    200    200     200
 g-blocked-keys-b     401  401 200   403  403    200  403    200    403     403
 g-skip-a             401  401 404   403  403    404  404    404    404     404
@@ -160,6 +184,9 @@ h-dead-letters       401  401 200   403  403    200  403    403    403     403
 h-dead-letters-b     401  401 200   403  403    200  403    403    403     403
 h-redrive-a          401  401 200   403  403    200  403    403    403     403
 h-redrive-b          401  401 200   403  403    200  403    403    403     403
+h-redrive-one-b      401  401 200   403  403    200  403    403    403     403
+h-delete-dead-a      401  401 200   403  403    200  403    403    403     403
+h-delete-dead-b      401  401 200   403  403    200  403    403    403     403
 h-blocked-keys       401  401 200   403  403    200  403    403    403     403
 h-blocked-keys-b     401  401 200   403  403    200  403    403    403     403
 h-skip-a             401  401 404   403  403    404  403    403    403     403

@@ -154,7 +154,8 @@ def test_wrong_shapes_name_the_field(
 @pytest.mark.parametrize("path", [PRODUCE, "/v1/groups/g/pull", "/v1/groups/g/ack"])
 def test_other_methods_get_405(running: RunningServer, path: str) -> None:
     with fresh_client(running) as client:
-        assert_error(client.get(path), 405, "method_not_allowed")
+        # (GET of the produce path is the message browser, a route of its own.)
+        assert_error(client.delete(path), 405, "method_not_allowed")
         assert_error(client.put(path, json={}), 405, "method_not_allowed")
 
 

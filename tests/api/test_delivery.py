@@ -141,7 +141,12 @@ def test_a_stuck_or_failing_key_does_not_delay_other_keys(server: RunningServer)
         # key's messages to be dead-lettered, and then it would no longer be blocked.
         setup(
             client,
-            {"topics": {"t": {"order_by": "key"}}, "retry_backoff_ms": [50], "max_attempts": 1000},
+            {
+                "topics": {"t": {"order_by": "key"}},
+                "retry_backoff_ms": [50],
+                "max_attempts": 1000,
+                "stuck_after_ms": 1,  # the held head is stuck once pulled
+            },
         )
         produce(client, [{"key": k, "body": i} for i in range(3) for k in ("stuck", "failing")])
         produce(client, [{"key": f"h{i % 50}", "body": i} for i in range(500)])

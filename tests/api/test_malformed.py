@@ -297,6 +297,13 @@ GROUP_CASES = [
             ("on_exhausted", "retry", "retry"),
             ("max_buffered", "zero", 0),
             ("max_buffered", "too-big", 10_000_001),
+            ("stuck_after_ms", "zero", 0),
+            ("stuck_after_ms", "too-big", 86_400_001),
+            ("stuck_after_ms", "string", "60000"),
+            ("stuck_after_ms", "null", None),
+            ("dead_letter_retention_ms", "zero", 0),
+            ("dead_letter_retention_ms", "float", 1.5),
+            ("dead_letter_retention_ms", "bool", True),
             ("partitions", "extra-field", 3),
         ]
     ],
@@ -491,10 +498,55 @@ QUERY_CASES = [
     ),
 ]
 
+BROWSE_CASES = [
+    *[
+        pytest.param(bare("GET", f"{PRODUCE}?{query}"), id=f"browse-{query}")
+        for query in [
+            "qid=-1",
+            "qid=abc",
+            "from=-1",
+            "from=abc",
+            "from_ms=-1",
+            "limit=0",
+            "limit=1001",
+            "last=0",
+            "last=1001",
+        ]
+    ],
+    pytest.param(
+        bare("GET", f"{PRODUCE}?qid=0&from=1&last=5", 422, "invalid_request"),
+        id="browse-two-starts",
+    ),
+    pytest.param(bare("GET", f"{PRODUCE}?qid=99", 422, "invalid_request"), id="browse-qid-outside"),
+    pytest.param(
+        bare("GET", "/v1/topics/nope/messages", 404, "topic_not_found"), id="browse-unknown-topic"
+    ),
+]
+
+DEAD = f"{G}/dead-letters"
+DELETE_DEAD_CASES = [
+    *body_endpoint_cases("dead-delete", "DELETE", DEAD),
+    pytest.param(bare("DELETE", DEAD, 422, "invalid_request"), id="dead-delete-nothing-named"),
+    pytest.param(js("DELETE", DEAD, {"messages": []}), id="dead-delete-empty"),
+    pytest.param(
+        js("DELETE", DEAD, {"messages": [{"topic": "t", "qid": -1, "offset": 0}]}),
+        id="dead-delete-qid-neg",
+    ),
+    pytest.param(
+        js("DELETE", f"{DEAD}?topic=t", {"messages": [{"topic": "t", "qid": 0, "offset": 0}]}),
+        id="dead-delete-both",
+    ),
+    pytest.param(
+        bare("DELETE", "/v1/groups/nope/dead-letters?topic=t", 404, "group_not_found"),
+        id="dead-delete-unknown-group",
+    ),
+]
+
 REDRIVE = f"{G}/dead-letters/redrive"
 REDRIVE_CASES = [
     *body_endpoint_cases("redrive", "POST", REDRIVE),
     pytest.param(js("POST", REDRIVE, {"topic": 5}), id="redrive-topic-int"),
+    pytest.param(js("POST", REDRIVE, {"messages": [{"topic": "t"}]}), id="redrive-ref-partial"),
     pytest.param(
         js("POST", "/v1/groups/nope/dead-letters/redrive", {}, 404, "group_not_found"),
         id="redrive-unknown-group",
@@ -557,6 +609,8 @@ ALL_CASES = [
     *EXTEND_CASES,
     *SEEK_CASES,
     *QUERY_CASES,
+    *BROWSE_CASES,
+    *DELETE_DEAD_CASES,
     *REDRIVE_CASES,
     *blocked_key_action_cases("skip"),
     *blocked_key_action_cases("release"),

@@ -74,3 +74,17 @@ def test_docs_page_loads_its_assets_from_this_server(server: RunningServer) -> N
         for url in urls:
             assert "://" not in url and not url.startswith("//"), url
             assert client.get("/" + url.lstrip("/")).status_code == 200, url
+
+
+def test_every_v1_call_declares_the_bearer_scheme_so_docs_can_authorize(
+    server: RunningServer,
+) -> None:
+    with server.client() as client:
+        spec = client.get("/openapi.json").json()
+        docs = client.get("/docs").text
+    assert spec["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
+    for path, operations in spec["paths"].items():
+        for method, operation in operations.items():
+            expected = [{"bearer": []}] if path.startswith("/v1/") else None
+            assert operation.get("security") == expected, (method, path)
+    assert "openapi.json" in docs  # Swagger UI reads the schemes from it: the Authorize button

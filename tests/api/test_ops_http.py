@@ -87,7 +87,7 @@ def test_docs_and_openapi_are_served(server: RunningServer) -> None:
         expected = {
             "/v1/topics": {"get", "post"},
             "/v1/topics/{topic}": {"get"},
-            "/v1/topics/{topic}/messages": {"post"},
+            "/v1/topics/{topic}/messages": {"get", "post"},
             "/v1/groups/{group}": {"get", "put", "delete"},
             "/v1/groups/{group}/pull": {"post"},
             "/v1/groups/{group}/ack": {"post"},
@@ -121,7 +121,15 @@ def test_list_groups(server: RunningServer) -> None:
         assert_error(client.get("/v1/groups/g1"), 404, "group_not_found")
 
 
-COUNTS = ("ready", "in_flight", "waiting", "retrying", "dead_lettered", "blocked_keys")
+COUNTS = (
+    "ready",
+    "in_flight",
+    "waiting",
+    "retrying",
+    "dead_lettered",
+    "blocked_keys",
+    "in_flight_keys",
+)
 
 
 def counts(stats: dict[str, Any]) -> dict[str, int]:
@@ -164,6 +172,7 @@ def test_group_config_and_stats(four_messages: RunningServer) -> None:
             "retrying": 0,
             "dead_lettered": 0,
             "blocked_keys": 0,
+            "in_flight_keys": 0,
         }
         assert queue(stats) == {
             "topic": "t",
@@ -181,8 +190,18 @@ def test_group_config_and_stats(four_messages: RunningServer) -> None:
             "waiting": 2,
             "retrying": 0,
             "dead_lettered": 0,
-            "blocked_keys": 2,
+            "blocked_keys": 0,  # two heads being handled: in flight, not stuck
+            "in_flight_keys": 2,
         }
+        values = samples(client)
+        group = frozenset({("group", "g")})
+        assert (
+            values[("cproxy_blocked_keys", group)],
+            values[("cproxy_in_flight_keys", group)],
+        ) == (
+            0,
+            2,
+        )
 
         # Ack k@0, fail j@3 (one attempt allowed: dead-lettered).
         results = [{"topic": "t", "qid": 0, "acks": [0], "fails": [{"offset": 3, "error": "boom"}]}]
@@ -199,6 +218,7 @@ def test_group_config_and_stats(four_messages: RunningServer) -> None:
             "retrying": 0,
             "dead_lettered": 1,
             "blocked_keys": 0,
+            "in_flight_keys": 0,
         }
         assert queue(stats) == {
             "topic": "t",
@@ -230,7 +250,9 @@ def test_group_config_and_stats(four_messages: RunningServer) -> None:
 
 def test_retrying_and_blocked_keys(four_messages: RunningServer) -> None:
     with fresh_client(four_messages) as client:
-        put_group(client, "r", {"t": "key"}, max_attempts=3, retry_backoff_ms=[60_000])
+        put_group(
+            client, "r", {"t": "key"}, max_attempts=3, retry_backoff_ms=[60_000], stuck_after_ms=1
+        )
         wait_until(lambda: group_stats(client, "r")["ready"] == 2)
         pulled = client.post("/v1/groups/r/pull", json={"wait_ms": 0}).json()["messages"]
         assert len(pulled) == 2
@@ -242,13 +264,20 @@ def test_retrying_and_blocked_keys(four_messages: RunningServer) -> None:
             "waiting": 2,
             "retrying": 1,
             "dead_lettered": 0,
-            "blocked_keys": 2,
+            "blocked_keys": 2,  # k failed; j has been in flight past stuck_after_ms (1 ms)
+            "in_flight_keys": 0,
         }
         blocked = client.get("/v1/groups/r/blocked-keys").json()["blocked_keys"]
         by_value = {b["order_value"]: b for b in blocked}
         assert set(by_value) == {"k", "j"}
         k = by_value["k"]
-        assert (k["topic"], k["offset"], k["attempts"], k["waiting"]) == ("t", 0, 1, 2)
+        assert (k["topic"], k["offset"], k["attempts"], k["waiting"], k["body"]) == (
+            "t",
+            0,
+            1,
+            2,
+            0,
+        )
         assert isinstance(k["blocked_since_ms"], int)
         assert (by_value["j"]["offset"], by_value["j"]["waiting"]) == (3, 0)
 

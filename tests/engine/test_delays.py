@@ -63,8 +63,8 @@ def test_a_delayed_message_holds_only_its_own_key() -> None:
     first = h.pull()
     assert sorted(str(k) for k in keys(first)) == ["None", "b"]
     h.ack(*first)
-    assert h.engine.stats().delayed == 1
-    assert h.engine.blocked_keys() == []  # delayed is not blocked
+    assert h.engine.stats(h.now).delayed == 1
+    assert h.engine.blocked_keys(h.now) == []  # delayed is not blocked
     h.advance(1000)
     d1 = h.pull()
     assert [d.message.body_json for d in d1] == [b"1"]
@@ -82,7 +82,7 @@ def test_far_delayed_keys_sleep_and_do_not_block_undelayed_keys() -> None:
         h.produce(f"now-{i}")
     got = drain(h, h.now + 1000)
     assert sorted(keys(got)) == sorted(f"now-{i}" for i in range(300))
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     assert stats.buffered == 0  # the sleeping chains hold no message
     assert stats.parked_keys == 1000
     assert stats.delayed == 1000
@@ -96,7 +96,7 @@ def test_far_delayed_keys_sleep_and_do_not_block_undelayed_keys() -> None:
     for d in late:
         by_key.setdefault(d.message.key, []).append(d.message.body_json)
     assert all(bodies[1] == b'"behind"' for bodies in by_key.values())
-    assert h.engine.stats().parked_keys == 0
+    assert h.engine.stats(h.now).parked_keys == 0
     assert h.engine.progress()[("t", 0)].committed == 2300
 
 
@@ -108,13 +108,13 @@ def test_a_buffer_full_of_soon_due_delayed_heads_does_not_block_other_keys() -> 
     for i in range(20):
         h.produce(f"free-{i}")
     h.fetch()
-    assert h.engine.stats().buffered == 50
+    assert h.engine.stats(h.now).buffered == 50
     got: list[Delivery] = []
     for _ in range(5):  # a few park checks (every 100 ms)
         h.advance(100)
         got += h.pull()
     assert sorted(keys(got)) == sorted(f"free-{i}" for i in range(20))
-    assert h.engine.stats().buffered <= 50
+    assert h.engine.stats(h.now).buffered <= 50
     h.ack(*got)
     late = drain(h, h.now + SLEEP_BEYOND_MS)
     assert sorted(keys(late)) == sorted(f"soon-{i}" for i in range(50))
@@ -130,7 +130,7 @@ def test_far_delayed_unordered_messages_are_released_and_found_again() -> None:
             h.produce(None, body="now")
     first = drain(h, h.now + 200)
     assert [d.message.body_json for d in first] == [b'"now"'] * 500
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     # Only messages due within RELEASE_BEYOND_MS of a read are held (the clock moved).
     assert stats.buffered < 20
     assert stats.delayed == 5000
@@ -140,7 +140,7 @@ def test_far_delayed_unordered_messages_are_released_and_found_again() -> None:
     rest = drain(h, h.now + 121_000, step_ms=250)
     assert sorted(int(d.message.body_json) for d in rest) == list(range(5000))
     assert max(d.attempt for d in rest) == 1
-    assert h.engine.stats().delayed == 0
+    assert h.engine.stats(h.now).delayed == 0
     assert h.engine.progress()[("t", 0)].committed == 5500
     assert h.engine.progress()[("t", 0)].delayed == ()
 
@@ -150,13 +150,13 @@ def test_rescans_admit_within_the_buffer_and_keep_the_rest_released() -> None:
     for i in range(400):  # all due at nearly the same time: far more than the buffer
         h.produce(None, body=i, delay_ms=10_000 + i % 3)
     h.fetch()
-    assert h.engine.stats().buffered == 0
+    assert h.engine.stats(h.now).buffered == 0
     seen: list[int] = []
     peak = 0
     while len(seen) < 400:
         h.advance(100)
         batch = h.pull(7)
-        peak = max(peak, h.engine.stats().buffered)
+        peak = max(peak, h.engine.stats(h.now).buffered)
         for d in batch:
             assert d.message.deliver_at_ms is not None
             assert d.message.deliver_at_ms <= h.now
@@ -217,8 +217,8 @@ def test_a_retry_is_not_delayed_again_and_a_seek_drops_delayed_messages() -> Non
     h.produce("b", delay_ms=60_000)
     assert h.pull() == []
     h.engine.seek("t", {0: 4})
-    assert h.engine.stats().buffered == 0
-    assert h.engine.stats().delayed == 0
+    assert h.engine.stats(h.now).buffered == 0
+    assert h.engine.stats(h.now).delayed == 0
     assert drain(h, h.now + 61_000) == []
     assert offsets(h.pull()) == []
 

@@ -21,7 +21,7 @@ def test_a_filter_finishes_the_messages_it_rejects_without_delivery() -> None:
     got = h.pull()
     assert offsets(got) == [0, 2]
     h.ack(*got)
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert s.filtered == 2 and s.topics[0].filtered == 2
     assert s.queues[0].committed_offset == 4  # rejected ones count as finished
     assert h.engine.take_commit().dead_letters == []

@@ -98,7 +98,7 @@ def test_ack_timeout_redelivers() -> None:
     h.advance(1)
     again = h.pull(1)
     assert again[0].attempt == 2
-    assert h.engine.stats().topics[0].timed_out == 1
+    assert h.engine.stats(h.now).topics[0].timed_out == 1
     assert h.ack(first[0])[0] == 1  # the same message is in flight again: the ack applies
     assert h.ack(first[0]) == (0, [("t", 0, 0)])  # now it is not
 
@@ -127,7 +127,7 @@ def test_block_mode_holds_the_key_until_skip_or_release() -> None:
     h.fail(got["a"])
     h.ack(got["b"])
     assert keys(h.pull()) == ["b"]
-    rows = h.engine.blocked_keys()
+    rows = h.engine.blocked_keys(h.now)
     exhausted = [r for r in rows if r.state == "exhausted"]
     assert [(r.order_value, r.offset, r.waiting) for r in exhausted] == [("a", 0, 1)]
     ref = h.engine.release("t", "a", None)
@@ -150,11 +150,11 @@ def test_finished_messages_are_not_kept_alive_by_deadline_heaps() -> None:
     h.fail(*got[:500])  # retrying: their heap items are live
     h.ack(*got[500:])
     h.fetch()
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     live = stats.in_flight + stats.retrying
     # Only live items (plus a small slack) may stay referenced from the heaps (white box).
     assert len(h.engine._timeouts) + len(h.engine._retries) <= 2 * live + 128
-    retrying = {(b.qid, b.offset) for b in h.engine.blocked_keys() if b.state == "retrying"}
+    retrying = {(b.qid, b.offset) for b in h.engine.blocked_keys(h.now) if b.state == "retrying"}
     assert retrying == {(d.message.qid, d.message.offset) for d in got[:500]}
 
 
@@ -164,7 +164,7 @@ def test_results_for_unknown_offsets_change_nothing() -> None:
     h.pull()
     applied, unknown = h.engine.apply_results([Result("t", 0, acks=[5, 0])], h.now)
     assert applied == 1 and unknown == [("t", 0, 5)]
-    assert h.engine.stats().in_flight == 0 and h.engine.stats().buffered == 0
+    assert h.engine.stats(h.now).in_flight == 0 and h.engine.stats(h.now).buffered == 0
 
 
 def test_ack_latencies_are_reported_once_per_batch_of_results() -> None:
@@ -191,7 +191,7 @@ def test_extend_pushes_the_deadline() -> None:
     h.advance(900)
     assert h.engine.extend([got[0].message.ref], 1000, h.now) == (1, [])
     h.advance(900)
-    assert h.pull() == [] and h.engine.stats().in_flight == 1
+    assert h.pull() == [] and h.engine.stats(h.now).in_flight == 1
     h.advance(100)
     assert h.pull()[0].attempt == 2
 
@@ -222,22 +222,22 @@ def test_buffer_is_bounded_and_stuck_keys_are_parked() -> None:
     done: list[int] = []
     for _ in range(200):
         got = h.pull()
-        assert h.engine.stats().buffered <= 20
+        assert h.engine.stats(h.now).buffered <= 20
         if not got:
             break
         assert "stuck" not in keys(got)
         h.ack(*got)
         done += offsets(got)
     assert len(done) == 100  # every healthy key got through
-    assert h.engine.stats().queues[0].committed_offset == 0  # never past the stuck head
+    assert h.engine.stats(h.now).queues[0].committed_offset == 0  # never past the stuck head
     h.ack(*stuck)
     order: list[int] = []
     while got := h.pull():
-        assert keys(got) == ["stuck"] and h.engine.stats().buffered <= 20
+        assert keys(got) == ["stuck"] and h.engine.stats(h.now).buffered <= 20
         order += offsets(got)
         h.ack(*got)
     assert order == list(range(1, 201, 2))  # reloaded from the store, in offset order
-    assert h.engine.stats().queues[0].committed_offset == 201
+    assert h.engine.stats(h.now).queues[0].committed_offset == 201
 
 
 def test_a_deep_healthy_backlog_is_not_parked() -> None:
@@ -245,13 +245,13 @@ def test_a_deep_healthy_backlog_is_not_parked() -> None:
     for i in range(100):
         h.produce(f"k{i % 4}")
     got = h.pull()
-    assert len(got) == 4 and h.engine.stats().buffered == 20
+    assert len(got) == 4 and h.engine.stats(h.now).buffered == 20
     h.fetch()
-    assert h.engine.stats().waiting == 16  # heads just delivered: nothing parked
+    assert h.engine.stats(h.now).waiting == 16  # heads just delivered: nothing parked
     h.advance(1000)  # now the heads count as stuck: park until the buffer is 3/4 full
     h.engine.plan_fetches(h.now)
-    assert h.engine.stats().buffered <= 15
-    assert h.engine.stats().parked_keys == 2
+    assert h.engine.stats(h.now).buffered <= 15
+    assert h.engine.stats(h.now).parked_keys == 2
 
 
 def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
@@ -265,7 +265,7 @@ def test_offer_takes_fresh_messages_only_when_caught_up() -> None:
         h.produce(k)
     h.fetch()
     assert not h.produce_and_offer("g")  # buffer full (3 in flight... + 3 read)
-    assert h.engine.stats().queues[0].next_offset == 7
+    assert h.engine.stats(h.now).queues[0].next_offset == 7
 
 
 def test_a_planned_read_never_overshoots_the_bound_after_an_offer() -> None:
@@ -275,12 +275,12 @@ def test_a_planned_read_never_overshoots_the_bound_after_an_offer() -> None:
     requests = h.engine.plan_fetches(h.now)  # planned while the buffer was empty
     for i in range(4):
         h.produce_and_offer(f"k{i}", qid=0)  # offers on queue 0 fill the buffer
-    assert h.engine.stats().buffered == 4
+    assert h.engine.stats(h.now).buffered == 4
     for r in requests:
         queue = h.log[(r.topic, r.qid)]
         h.engine.on_fetched(r, queue[r.from_offset : r.from_offset + r.max_count])
-    assert h.engine.stats().buffered == 4
-    assert h.engine.stats().queues[1].fetch_offset == 0  # nothing skipped: read again later
+    assert h.engine.stats(h.now).buffered == 4
+    assert h.engine.stats(h.now).queues[1].fetch_offset == 0  # nothing skipped: read again later
 
 
 def test_seek_drops_memory_and_replays() -> None:
@@ -295,7 +295,7 @@ def test_seek_drops_memory_and_replays() -> None:
     assert sorted((e.message.qid, e.message.offset) for e in replay) == [(0, 0), (0, 1)]
     h.engine.seek("t", {0: 2, 1: 2})
     assert h.pull() == []
-    assert h.engine.stats().buffered == 0
+    assert h.engine.stats(h.now).buffered == 0
 
 
 def test_redrive_delivers_dead_letters_again_in_order() -> None:

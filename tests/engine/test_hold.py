@@ -45,7 +45,7 @@ def test_held_deliveries_neither_time_out_nor_take_other_results() -> None:
     extended = h.engine.extend([a.message.ref], 1000, h.now)
     assert extended.unknown == [a.message.ref]
     assert h.engine.hold(results) == [a.message.ref]  # nor a second hold
-    assert h.engine.stats().in_flight == 1
+    assert h.engine.stats(h.now).in_flight == 1
     outcome = h.engine.settle_held(results, h.now, {})
     assert (outcome.applied, outcome.unknown) == (1, [])
     assert offsets(h.pull(10)) == [1]

@@ -14,16 +14,16 @@ def test_seek_back_replays_only_the_sought_queue_and_drops_its_held_state() -> N
         for k in "abc":
             h.produce(f"{k}{q}", qid=q)  # a chain spans queues: distinct keys per queue
     held = h.pull()
-    assert len(held) == 6 and h.engine.stats().in_flight == 6
+    assert len(held) == 6 and h.engine.stats(h.now).in_flight == 6
     h.engine.seek("t", {0: 1})
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     assert stats.in_flight == 3 and stats.buffered == 3  # queue 1 untouched
     # Results for the dropped deliveries of queue 0 are unknown now.
     outcome = h.ack(*[d for d in held if d.message.qid == 0])
     assert outcome.applied == 0 and len(outcome.unknown) == 3
     replay = h.pull()
     assert sorted((d.message.qid, d.message.offset) for d in replay) == [(0, 1), (0, 2)]
-    assert h.engine.stats().queues[0].committed_offset == 1
+    assert h.engine.stats(h.now).queues[0].committed_offset == 1
 
 
 def test_seek_forward_skips_and_commits_the_new_position() -> None:
@@ -43,10 +43,10 @@ def test_seek_drops_retrying_and_exhausted_heads_and_parked_state() -> None:
     h.produce(None)
     got = h.pull()
     h.fail(*got)
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     assert stats.exhausted == 2 and stats.waiting == 1 and stats.blocked_keys == 2
     h.engine.seek("t", {0: 0})
-    assert h.engine.stats().buffered == 0 and h.engine.blocked_keys() == []
+    assert h.engine.stats(h.now).buffered == 0 and h.engine.blocked_keys(h.now) == []
     assert sorted(offsets(h.pull())) == [0, 2]  # replayed from the start, in order
 
 
@@ -71,7 +71,7 @@ def test_skip_and_release_by_ref_for_unordered_messages() -> None:
     h.produce("x")
     h.produce("y")
     h.fail(*h.pull())
-    rows = h.engine.blocked_keys()
+    rows = h.engine.blocked_keys(h.now)
     assert [(r.order_value, r.offset, r.state) for r in rows] == [
         (None, 0, "exhausted"),
         (None, 1, "exhausted"),
@@ -79,7 +79,7 @@ def test_skip_and_release_by_ref_for_unordered_messages() -> None:
     assert h.engine.release("t", None, ("t", 0, 0)) == ("t", 0, 0)
     assert [(d.message.offset, d.attempt) for d in h.pull()] == [(0, 1)]
     assert h.engine.skip("t", None, ("t", 0, 1), h.now) == ("t", 0, 1)
-    assert h.engine.stats().exhausted == 0
+    assert h.engine.stats(h.now).exhausted == 0
     assert [d.message.offset for d in h.engine.take_commit().dead_letters] == [1]
 
 
@@ -100,29 +100,56 @@ def test_skip_a_retrying_head_moves_the_chain_on_and_forgets_the_retry() -> None
     h.produce("a")
     h.produce("a")
     h.fail(*h.pull())
-    assert h.engine.stats().retrying == 1
+    assert h.engine.stats(h.now).retrying == 1
     h.engine.skip("t", "a", None, h.now)
-    assert h.engine.stats().retrying == 0
+    assert h.engine.stats(h.now).retrying == 0
     assert offsets(h.pull()) == [1]
     h.advance(10_000)  # the stale retry must not resurface
     assert h.pull() == []
 
 
-def test_blocked_keys_list_longest_blocked_first_with_waiting_counts() -> None:
-    h = Harness(ack_timeout_ms=60_000)
-    h.produce("old")
+def test_heads_merely_in_flight_are_not_blocked_until_stuck_after_ms() -> None:
+    h = Harness(ack_timeout_ms=60_000, stuck_after_ms=1_000)
+    h.produce("old", body={"n": 1})
     h.produce("old")
     h.pull()
     h.advance(500)
     h.produce("new")
     h.pull()
-    rows = h.engine.blocked_keys()
-    assert [(r.order_value, r.state, r.waiting) for r in rows] == [
-        ("old", "in_flight", 1),
-        ("new", "in_flight", 0),
+    stats = h.engine.stats(h.now)
+    assert (stats.blocked_keys, stats.in_flight_keys) == (0, 2)
+    assert h.engine.blocked_keys(h.now) == []
+    h.advance(500)  # "old" has been in flight for stuck_after_ms: stuck; "new" is not
+    rows = h.engine.blocked_keys(h.now)
+    assert [(r.order_value, r.state, r.waiting, r.body_json) for r in rows] == [
+        ("old", "in_flight", 1, b'{"n":1}')
     ]
-    assert h.engine.blocked_keys("other") == []
+    stats = h.engine.stats(h.now)
+    assert (stats.blocked_keys, stats.in_flight_keys) == (1, 1)
+    h.advance(500)  # both stuck now: longest blocked first
+    assert [r.order_value for r in h.engine.blocked_keys(h.now)] == ["old", "new"]
+    assert h.engine.blocked_keys(h.now, "other") == []
     assert keys(h.pull()) == []
+
+
+def test_a_failed_head_and_an_exhausted_head_are_blocked_at_once() -> None:
+    h = Harness(
+        max_attempts=2, on_exhausted="block", retry_backoff_ms=[10_000], stuck_after_ms=60_000
+    )
+    h.produce("retry")
+    h.produce("done")
+    h.fail(*h.pull())
+    rows = h.engine.blocked_keys(h.now)
+    assert [(r.order_value, r.state) for r in rows] == [("retry", "retrying"), ("done", "retrying")]
+    h.advance(10_000)
+    again = h.pull()
+    assert sorted(keys(again)) == ["done", "retry"]
+    h.ack(*[d for d in again if d.message.key == "done"])
+    h.fail(*[d for d in again if d.message.key == "retry"])  # second attempt: exhausted
+    rows = h.engine.blocked_keys(h.now)
+    assert [(r.order_value, r.state, r.attempts) for r in rows] == [("retry", "exhausted", 2)]
+    stats = h.engine.stats(h.now)
+    assert (stats.blocked_keys, stats.in_flight_keys) == (1, 0)
 
 
 def test_stats_counts_add_up_to_buffered() -> None:
@@ -132,6 +159,6 @@ def test_stats_counts_add_up_to_buffered() -> None:
     got = {d.message.key: d for d in h.pull()}
     h.fail(got["b"])  # exhausted (max_attempts 1)
     h.ack(got["c"])
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert (s.ready, s.in_flight, s.waiting, s.exhausted) == (0, 2, 1, 1)
     assert s.buffered == s.ready + s.in_flight + s.waiting + s.retrying + s.exhausted

@@ -34,7 +34,7 @@ def test_a_queue_whose_read_was_cut_by_the_buffer_is_planned_again() -> None:
     for i in range(5):
         h.produce(f"k{i}", qid=1)
     h.fetch()
-    assert h.engine.stats().buffered == 3
+    assert h.engine.stats(h.now).buffered == 3
     assert _planned(h) == []  # no room
     h.ack(*h.engine.pull(10, None, h.now))
     assert _planned(h) == [(1, 3)]

@@ -34,7 +34,7 @@ def test_persisted_progress_stays_bounded_by_stalled_keys_under_a_long_stall() -
     # One stalled key: its head is open (held) and the rest of its chain parked.
     assert len(p.open) == 1 and len(p.parked) == 1, p
     assert len(p.detail_json()) < 200
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert s.queues[0].lag == 20_000 - 7
     assert s.lag_excluding_parked <= 1  # healthy keys are caught up: only the stuck head
     assert len(acked) == 20_000 - 200
@@ -83,7 +83,7 @@ def test_retention_skips_unread_messages_and_counts_them() -> None:
     assert h.engine.on_retention("t", 0, 12) == 7  # 5..11 were never read
     got = h.pull()
     assert got == []  # buffer still full of the in-flight five
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert s.lost_to_retention == 7 and s.topics[0].lost_to_retention == 7
     assert s.queues[0].fetch_offset == 12
     h.engine.take_commit()
@@ -120,7 +120,7 @@ def test_progress_is_per_stalled_key_before_the_buffer_fills() -> None:
     stalled = {f"k{i}" for i in range(5)}
     h = Harness(max_buffered=100_000, ack_timeout_ms=10_000_000)
     _stall_run(h, stalled, 10_000)
-    assert h.engine.stats().parked_keys == 0 and h.engine.stats().waiting > 400
+    assert h.engine.stats(h.now).parked_keys == 0 and h.engine.stats(h.now).waiting > 400
     p = h.engine.take_commit().progress[("t", 0)]
     # ... yet progress names each stuck key once: its head open, the rest as one pair.
     assert len(p.open) <= 5 and len(p.parked) == 5, p

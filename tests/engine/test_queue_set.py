@@ -78,7 +78,7 @@ def test_dropping_a_queue_forgets_it_and_late_results_are_unknown() -> None:
     outcome = h.ack(*on_0[1:])
     assert outcome.applied == 0
     assert sorted(outcome.unknown) == [("t", 0, d.message.offset) for d in on_0[1:]]
-    stats = h.engine.stats()
+    stats = h.engine.stats(h.now)
     assert stats.buffered == 4  # queue 1's: 3 in flight, "a1"@1 waiting
     assert [(q.topic, q.qid) for q in stats.queues] == [("t", 1)]
     assert ("t", 0) not in h.engine.progress()

@@ -14,7 +14,7 @@ def test_a_released_head_is_ready_again_at_once_with_its_attempt_uncharged() -> 
     assert offsets(first) == [0, 2]
     outcome = h.engine.release_uncharged([first[0].message.ref], {first[0].message.ref: 1})
     assert outcome.applied == 1 and outcome.unknown == []
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert (s.ready, s.in_flight, s.retrying, s.waiting) == (1, 1, 0, 1)
     # Released many times: never charged, so never dead-lettered; order still holds.
     for _ in range(5):
@@ -33,7 +33,7 @@ def test_a_result_for_a_released_delivery_is_unknown() -> None:
     (d,) = h.pull()
     h.engine.release_uncharged([d.message.ref])
     assert h.ack(d).unknown == [d.message.ref]
-    assert h.engine.stats().ready == 1
+    assert h.engine.stats(h.now).ready == 1
 
 
 def test_release_is_fenced_by_attempt_and_ignores_what_is_not_in_flight() -> None:
@@ -57,7 +57,7 @@ def test_releasing_a_run_head_sends_the_whole_run_back_in_order_uncharged() -> N
     outcome = h.engine.release_uncharged([d.message.ref for d in run])
     # The head took the run back with it; the members were no longer in flight.
     assert outcome.applied == 1 and len(outcome.unknown) == 2
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert (s.ready, s.in_flight, s.waiting) == (1, 0, 3)
     again = h.engine.pull(10, None, h.now, max_per_key=3)
     assert [(d.message.offset, d.attempt) for d in again] == [(0, 1), (1, 1), (2, 1)]

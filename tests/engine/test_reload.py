@@ -27,21 +27,22 @@ def test_a_parked_chain_longer_than_one_scan_is_reloaded_whole_and_in_order() ->
         h.ack(*got)
         healthy += len(got)
     assert healthy == total // 2
-    assert h.engine.stats().parked_keys == 1
-    first = [d for d in h.engine.blocked_keys() if d.order_value == "stuck"]
+    assert h.engine.stats(h.now).parked_keys == 1
+    # The stuck head is in flight: listed once it has been so for stuck_after_ms.
+    first = [d for d in h.engine.blocked_keys(h.now + 60_000) if d.order_value == "stuck"]
     assert first[0].parked
     # Unblock: ack the head, then drain the stuck key.
     assert h.engine.apply_results([Result("t", 0, acks=[0])], h.now).applied == 1
     reads_before = h.store.reads
     order: list[int] = []
     while got := h.pull():
-        assert keys(got) == ["stuck"] and h.engine.stats().buffered <= 20
+        assert keys(got) == ["stuck"] and h.engine.stats(h.now).buffered <= 20
         order += [d.message.offset for d in got]
         h.ack(*got)
     assert order == list(range(1, total + 1, 2))
     assert h.store.reads - reads_before >= 3  # really several range reads
-    assert h.engine.stats().queues[0].committed_offset == total + 1
-    assert h.engine.stats().parked_keys == 0
+    assert h.engine.stats(h.now).queues[0].committed_offset == total + 1
+    assert h.engine.stats(h.now).parked_keys == 0
 
 
 def test_a_failed_reload_read_is_planned_again() -> None:
@@ -100,12 +101,12 @@ def test_wants_fetch_is_true_whenever_a_read_may_be_planned() -> None:
     while got := h.pull():
         h.ack(*got)
         _nothing_plannable_unless_wanted(h)
-    assert h.engine.stats().parked_keys == 1 and not h.engine.wants_fetch()
+    assert h.engine.stats(h.now).parked_keys == 1 and not h.engine.wants_fetch()
     # The stuck head is acked: its parked chain must be read back.
     assert h.engine.apply_results([Result("t", 0, acks=[1])], h.now).applied == 1
     assert h.engine.wants_fetch()
     while got := h.pull():
         h.ack(*got)
         _nothing_plannable_unless_wanted(h)
-    assert h.engine.stats().parked_keys == 0 and not h.engine.wants_fetch()
-    assert h.engine.stats().queues[0].committed_offset == 62
+    assert h.engine.stats(h.now).parked_keys == 0 and not h.engine.wants_fetch()
+    assert h.engine.stats(h.now).queues[0].committed_offset == 62

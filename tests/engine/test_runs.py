@@ -46,7 +46,7 @@ def test_a_fail_inside_a_run_sends_the_rest_back_uncharged() -> None:
         [Result("t", 0, acks=[0], fails=[(1, "boom")]), Result("t", 0, acks=[2, 3])], h.now
     )
     assert outcome.applied == 2 and outcome.unknown == [("t", 0, 2), ("t", 0, 3)]
-    s = h.engine.stats()
+    s = h.engine.stats(h.now)
     assert (s.in_flight, s.retrying, s.waiting) == (0, 1, 3)
     h.advance(0)
     again = _pull(h)
@@ -70,7 +70,7 @@ def test_an_early_ack_of_a_run_member_finishes_it() -> None:
     run = _pull(h)
     assert h.ack(run[2]).applied == 1  # out of order, but it was handed out: accepted
     h.ack(run[0], run[1])
-    assert h.engine.stats().buffered == 0
+    assert h.engine.stats(h.now).buffered == 0
     assert h.engine.take_commit().progress[("t", 0)].committed == 3
 
 

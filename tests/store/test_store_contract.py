@@ -376,6 +376,39 @@ async def test_redrive_limited_to_queues(store: Store) -> None:
     assert [d.message.ref for d in await store.load_redriving("g")] == [("b", 0, 0), ("b", 0, 1)]
 
 
+async def test_redrive_of_named_dead_letters(store: Store) -> None:
+    messages = await _dead_lettered(store)
+    await store.commit("g", {}, [dead(m) for m in messages])
+    named = [("b", 0, 1), ("a", 0, 0), ("a", 0, 9)]  # the last is no dead letter: ignored
+    started = await store.start_redrive("g", None, refs=named)
+    assert [d.message.ref for d in started] == [("a", 0, 0), ("b", 0, 1)]
+    assert await store.start_redrive("g", "b", refs=[("a", 0, 1)]) == []  # other topic
+    assert await store.start_redrive("g", None, [("b", 1)], refs=[("b", 0, 0)]) == []
+    left = [d.message.ref for d in await store.list_dead_letters("g", None, 10)]
+    assert left == [("a", 0, 1), ("b", 0, 0), ("b", 1, 0)]
+
+
+async def test_delete_dead_letters_by_ref_topic_and_age(store: Store) -> None:
+    messages = await _dead_lettered(store)
+    old = [DeadLetter("g", m, 1, "x", T0 + i, False) for i, m in enumerate(messages)]
+    await store.commit("g", {}, old)
+    await store.commit("other", {}, [dead(messages[0])])
+    await store.start_redrive("g", None, refs=[("b", 0, 1)])  # redriving: never deleted
+    assert await store.delete_dead_letters("g", refs=[("b", 1, 0), ("b", 0, 1), ("x", 0, 0)]) == 1
+    assert [d.message.ref for d in await store.list_dead_letters("g", None, 10)] == [
+        ("a", 0, 0), ("a", 0, 1), ("b", 0, 0)
+    ]  # fmt: skip
+    # By age: dead-lettered before T0 + 4 (messages[3] is a0, at T0 + 3; a0' at T0 + 4).
+    assert await store.delete_dead_letters("g", before_ms=T0 + 4) == 2
+    assert [d.message.ref for d in await store.list_dead_letters("g", None, 10)] == [("a", 0, 1)]
+    assert await store.delete_dead_letters("g", "b") == 0
+    assert await store.delete_dead_letters("g", "missing") == 0
+    assert await store.delete_dead_letters("g", "a") == 1
+    assert await store.count_dead_letters("g") == 0
+    assert [d.message.ref for d in await store.load_redriving("g")] == [("b", 0, 1)]
+    assert await store.count_dead_letters("other") == 1  # other groups untouched
+
+
 async def test_commit_is_all_or_nothing(store: Store) -> None:
     messages = await _dead_lettered(store)
     await store.commit("g", {("b", 0): QueueProgress(1)}, [dead(messages[0])])

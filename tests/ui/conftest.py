@@ -1,15 +1,12 @@
 """A real headless Chromium for the console tests (Debian's ``chromium`` + ``chromium-driver``).
 
-The README's test command only installs the Python packages, so when the browser is missing
-the session installs it with apt (as root), running ``apt-get update`` first if the install
-fails. When it still has no browser, every test here is skipped with the reason printed.
+The test suite never installs anything on the host: ``.ci/run`` installs the browser
+explicitly (README, "Tests"). Without it, every test here is skipped with the reason printed.
 """
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +20,7 @@ except ImportError:  # pragma: no cover - selenium is in the dev extra
     webdriver = None  # type: ignore[assignment]
 
 BROWSERS = ("chromium", "chromium-browser")
+#: What provides them on Debian and Ubuntu (what ``.ci/run`` installs).
 APT_PACKAGES = ("chromium", "chromium-driver")
 #: The flags this machine needs (no sandbox as root, no GPU, nothing phoning home).
 FLAGS = (
@@ -45,42 +43,19 @@ def _find() -> tuple[str, str] | None:
     return (browser, driver) if browser and driver else None
 
 
-def _apt(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    return subprocess.run(
-        ["apt-get", *args], capture_output=True, text=True, env=env, timeout=900, check=False
-    )
-
-
-def _install() -> str:
-    """Install the browser with apt; returns why it failed ("" on success)."""
-    if not hasattr(os, "geteuid") or os.geteuid() != 0:
-        return "chromium/chromedriver are missing and installing them needs root"
-    if shutil.which("apt-get") is None:
-        return "chromium/chromedriver are missing and there is no apt-get to install them"
-    print("tests/ui: installing chromium and chromium-driver with apt-get", file=sys.stderr)
-    done = _apt("install", "-y", "-q", *APT_PACKAGES)
-    if done.returncode != 0:
-        _apt("update", "-q")
-        done = _apt("install", "-y", "-q", *APT_PACKAGES)
-    if done.returncode != 0:
-        return f"apt-get install {' '.join(APT_PACKAGES)} failed: {done.stderr.strip()[-300:]}"
-    return ""
-
-
 @pytest.fixture(scope="session")
 def chromium() -> tuple[str, str]:
-    """Paths of the Chromium binary and its driver, installed if need be, or a skip."""
+    """Paths of the Chromium binary and its driver, or a skip saying what is missing."""
     if webdriver is None:
         pytest.skip("selenium is not installed (pip install -e '.[dev]')")
     found = _find()
     if found is None:
-        reason = _install()
-        found = _find()
-        if found is None:
-            reason = reason or "chromium/chromedriver still not found after installing"
-            print(f"tests/ui skipped: {reason}", file=sys.stderr)
-            pytest.skip(reason)
+        reason = (
+            "chromium/chromedriver not found: install them to run the console tests "
+            f"(apt-get install {' '.join(APT_PACKAGES)}, as .ci/run does)"
+        )
+        print(f"tests/ui skipped: {reason}", file=sys.stderr)
+        pytest.skip(reason)
     return found
 
 

@@ -399,3 +399,130 @@ def test_delayed_messages_are_shown(page: ConsolePage, client: httpx.Client) -> 
     page.open()
     page.wait_stat("later-g", "delayed", "1")
     page.wait_stat("later-g", "ready", "1")
+
+
+def test_a_group_with_lag_and_no_consumer_is_in_trouble(
+    page: ConsolePage, client: httpx.Client
+) -> None:
+    create_topic(client, "orphan", queues=1)
+    put_group(client, "orphan-g", {"orphan": "key"})
+    produce(client, "orphan", [{"key": f"k{n}", "body": n} for n in range(3)])
+    page.open()
+    card = page.group("orphan-g")
+    page.wait(lambda: "lag and no consumer" in page.text(f"{card} header"), "the trouble badge")
+    assert "bad" in page.attr(card, "class").split()
+    assert page.attr(card, "data-trouble") == "true"
+    assert page.stat("orphan-g", "consumers") == "0"
+    assert page.stat("orphan-g", "last_pull_ms_ago") == "never"
+    # A consumer shows up (and names itself): the group is not orphaned any more.
+    response = client.post(
+        "/v1/groups/orphan-g/pull",
+        json={"max_messages": 10, "wait_ms": 1000, "consumer": "worker-7"},
+    )
+    got = response.json()["messages"]
+    page.wait_stat("orphan-g", "consumers", "1")
+    page.wait(lambda: "lag and no consumer" not in page.text(f"{card} header"), "badge gone")
+    page.click(f"{card} details[data-fold='orphan-g:consumers'] summary")
+    page.wait(lambda: "worker-7" in page.text(f"{card} table.consumers"), "the consumer listed")
+    client.post("/v1/groups/orphan-g/ack", json={"results": acks(got)})
+    if len(got) < 3:
+        pull_all(client, "orphan-g", 3 - len(got))
+    page.wait_stat("orphan-g", "lag", "0")
+    page.wait(lambda: page.attr(card, "data-trouble") == "false", "the group healthy again")
+    # The rates show the work done (sampled every second, over the last minute).
+    page.wait(lambda: page.stat("orphan-g", "acked_per_s") not in ("0.0/s", ""), "acked rate")
+    assert page.stat("orphan-g", "delivered_per_s").endswith("/s")
+
+
+def acks(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"topic": m["topic"], "qid": m["qid"], "acks": [m["offset"]]} for m in messages]
+
+
+def test_dead_letters_one_by_one_and_their_messages(
+    page: ConsolePage, client: httpx.Client
+) -> None:
+    create_topic(client, "dl", queues=1)
+    put_group(client, "dl-g", {"dl": "key"}, max_attempts=1)
+    produce(client, "dl", [{"key": "a", "body": {"n": n}} for n in range(3)])
+    for _ in range(3):
+        fail_key(client, "dl-g", "a", "boom")
+    wait_until(lambda: len(dead_letters(client, "dl-g")) == 3, message="three dead letters")
+    page.open()
+    card = page.group("dl-g")
+    page.wait(lambda: page.visible(f'{card} .dead tr[data-offset="2"]'), "the dead letters")
+
+    # From a dead letter to its stored message, read without touching the group.
+    page.click(f'{card} .dead tr[data-offset="1"] button[data-action="browse"]')
+    page.wait(lambda: page.visible('#browser tr[data-offset="1"]'), "the message browser")
+    assert '"n": 1' in page.text('#browser tr[data-offset="1"]')
+
+    page.click(f'{card} .dead tr[data-offset="1"] input.pick')
+    page.wait(lambda: "Redrive selected (1)" in page.text(f"{card} .dead"), "one ticked")
+    page.click(f'{card} button[data-action="redrive-selected"]')
+    assert "Redrive 1 dead letter of dl-g" in page.text("#confirm-title")
+    page.confirm()
+    wait_until(
+        lambda: [d["offset"] for d in dead_letters(client, "dl-g")] == [0, 2],
+        message="only offset 1 redriven",
+    )
+    [again] = pull_all(client, "dl-g", 1)
+    assert (again["offset"], again["attempt"]) == (1, 1)
+
+    page.wait(lambda: not page.visible(f'{card} .dead tr[data-offset="1"]'), "the row gone")
+    page.click(f'{card} .dead tr[data-offset="0"] input.pick')
+    page.wait(lambda: "Delete selected (1)" in page.text(f"{card} .dead"), "one ticked")
+    page.click(f'{card} button[data-action="delete-selected"]')
+    assert "for good" in page.text("#confirm-title")
+    page.confirm()
+    wait_until(lambda: [d["offset"] for d in dead_letters(client, "dl-g")] == [2])
+    page.click(f'{card} button[data-action="purge"][data-topic="dl"]')
+    page.confirm()
+    wait_until(lambda: dead_letters(client, "dl-g") == [], message="the topic purged")
+    page.wait_stat("dl-g", "dead_lettered", "0")
+
+
+def test_many_groups_can_be_filtered(page: ConsolePage, client: httpx.Client) -> None:
+    create_topic(client, "many", queues=1)
+    for n in range(9):
+        put_group(client, f"many-{n}", {"many": "key"})
+    page.open()
+    page.wait(lambda: page.visible("#group-filter-text"), "the filter")
+    page.click("#group-filter-text")
+    page.driver.find_element(By.CSS_SELECTOR, "#group-filter-text").send_keys("many-7")
+    page.wait(
+        lambda: (
+            page.driver.execute_script(
+                "return [...document.querySelectorAll('#groups article.group')]"
+                ".map((e) => e.dataset.group).join(',')"
+            )
+            == "many-7"
+        ),
+        "only the matching group",
+    )
+    page.driver.find_element(By.CSS_SELECTOR, "#group-filter-text").clear()
+    page.driver.execute_script(
+        "document.getElementById('group-filter-text').dispatchEvent(new Event('input'))"
+    )
+    page.wait(
+        lambda: (
+            page.driver.execute_script(
+                "return document.querySelectorAll('#groups article.group').length"
+            )
+            >= 9
+        ),
+        "every group again",
+    )
+
+
+def test_a_rate_limited_group_shows_its_limit_and_throttled_time(
+    page: ConsolePage, client: httpx.Client
+) -> None:
+    create_topic(client, "slow", queues=1)
+    r = client.put("/v1/groups/slow-g", json={"topics": {"slow": {}}, "max_per_second": 500})
+    assert r.status_code == 200, r.text
+    put_group(client, "free-g", {"slow": "key"})
+    page.open()
+    page.wait_stat("slow-g", "throttled_ms", "0s")
+    assert "max 500/s" in page.text(f"{page.group('slow-g')} p.config")
+    assert not page.visible(f'{page.group("free-g")} [data-stat="throttled_ms"]')
+    assert "/s" not in page.text(f"{page.group('free-g')} p.config")

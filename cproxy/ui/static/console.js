@@ -1,8 +1,8 @@
 // The console's controller: polls the API, renders, and runs the operator actions.
 
 import { api, setToken, token } from "./api.js";
-import { recordLag } from "./health.js";
-import { MAX_ROWS, clock, h, renderCluster, renderGroups, renderTopics } from "./view.js";
+import { assess, recordLag, severity } from "./health.js";
+import { MAX_ROWS, clock, h, renderCluster, renderGroups, renderMessages, renderTopics } from "./view.js";
 
 const params = new URLSearchParams(window.location.search);
 /** Refresh period; `?refresh_ms=` overrides it (200 ms .. 60 s), default 1.5 s. */
@@ -11,11 +11,14 @@ const REFRESH_MS = Math.min(60000, Math.max(200, Number(params.get("refresh_ms")
 const DEAD_LETTER_REFRESH_MS = 15000;
 /** After a 404 from /v1/cluster (an older server), ask again only this much later. */
 const CLUSTER_RETRY_MS = 60000;
+/** From this many groups on, the groups panel offers a filter. */
+const FILTER_FROM_GROUPS = 8;
 
 const $ = (id) => document.getElementById(id);
 const state = {
   timer: null, running: false, again: false, awaitingToken: false, polls: 0,
   clusterRetryAt: 0, groups: new Map(), deadCache: new Map(), folds: new Map(), run: null,
+  selected: new Map(), // group -> Set of "topic/qid@offset" of dead letters ticked
 };
 
 // ---- polling ---------------------------------------------------------------------------
@@ -33,11 +36,12 @@ async function loadGroup(name) {
     ]);
     if (dead) state.deadCache.set(name, { count: stats.dead_lettered, at: Date.now(), rows: dead.dead_letters });
     if (stats.dead_lettered === 0) state.deadCache.delete(name);
-    return {
-      name, config, stats,
-      blocked: blocked ? blocked.blocked_keys : [],
-      dead: stats.dead_lettered > 0 ? state.deadCache.get(name).rows : [],
-    };
+    const rows = stats.dead_lettered > 0 ? state.deadCache.get(name).rows : [];
+    // Ticks of dead letters that are gone (redriven, deleted) are dropped.
+    const listed = new Set(rows.map((d) => `${d.topic}/${d.qid}@${d.offset}`));
+    const selected = new Set([...(state.selected.get(name) || [])].filter((r) => listed.has(r)));
+    state.selected.set(name, selected);
+    return { name, config, stats, blocked: blocked ? blocked.blocked_keys : [], dead: rows, selected };
   } catch (err) {
     if (err.status === 401 || err.status === 0) throw err;
     return { name, error: err, blocked: [], dead: [] }; // e.g. 403 outside the token's scope
@@ -87,11 +91,15 @@ function fill(container, nodes) {
 function render(snap) {
   recordLag(snap.groups, snap.at);
   state.groups = new Map(snap.groups.map((g) => [g.name, g]));
-  fill($("groups"), renderGroups(snap.groups, snap.at));
+  $("group-filter").hidden = snap.groups.length < FILTER_FROM_GROUPS && !$("group-filter-text").value;
+  const filter = { text: $("group-filter-text").value, troubleOnly: $("group-filter-trouble").checked };
+  fill($("groups"), renderGroups(snap.groups, snap.at, $("group-filter").hidden ? null : filter));
   fill($("topics"), renderTopics(snap.topics));
   $("cluster-panel").hidden = !snap.cluster;
   if (snap.cluster) fill($("cluster"), renderCluster(snap.cluster));
-  const trouble = document.querySelectorAll("#groups article.group:not(.ok)").length;
+  // Counted over every group, also those a filter hides.
+  const trouble = snap.groups.filter((g) => severity(assess(g, snap.at)) > 0).length;
+  state.lastSnap = snap;
   $("summary").replaceChildren(
     `${snap.topics.length} topic${snap.topics.length === 1 ? "" : "s"} · ${snap.groups.length} group${snap.groups.length === 1 ? "" : "s"}`,
     trouble ? h("span", { class: "badge bad", id: "trouble-count" }, `${trouble} in trouble`) : h("span", { class: "badge ok" }, "all healthy"));
@@ -213,6 +221,60 @@ $("confirm-ok").addEventListener("click", async () => {
 
 const ref = (d) => `${d.topic}/${d.qid}@${d.offset}`;
 const headOf = (d) => ({ topic: d.topic, qid: Number(d.qid), offset: Number(d.offset) });
+const parseRef = (text) => {
+  const at = text.lastIndexOf("@");
+  const slash = text.lastIndexOf("/", at);
+  return { topic: text.slice(0, slash), qid: Number(text.slice(slash + 1, at)), offset: Number(text.slice(at + 1)) };
+};
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+function pickedOf(group) {
+  return [...(state.selected.get(group) || [])].sort().map(parseRef);
+}
+
+function refList(refs) {
+  return h("ul", {}, refs.slice(0, 10).map((r) => h("li", {}, ref(r))), refs.length > 10 ? h("li", {}, `… ${refs.length - 10} more`) : null);
+}
+
+// ---- the message browser -------------------------------------------------------------------
+
+async function browse({ topic, qid, from, last, from_ms }) {
+  $("browser-panel").hidden = false;
+  $("browser-topic").value = topic;
+  $("browser-qid").value = qid ?? 0;
+  const mode = last != null ? "last" : from_ms != null ? "from_ms" : "from";
+  $("browser-mode").value = mode;
+  $("browser-value").value = last ?? (from_ms != null ? new Date(Number(from_ms)).toISOString() : from ?? "");
+  const query = { qid: qid ?? 0, limit: 20 };
+  if (last != null) query.last = last;
+  else if (from_ms != null) query.from_ms = from_ms;
+  else if (from != null && from !== "") query.from = from;
+  let page;
+  try {
+    page = await api("GET", ["v1", "topics", topic, "messages"], { query });
+  } catch (err) {
+    if (err.status === 401) { askForToken(err); return; }
+    page = { error: err.message };
+  }
+  $("browser").replaceChildren(...renderMessages(page));
+  $("browser-panel").scrollIntoView({ block: "start" });
+}
+
+$("browser-form").addEventListener("submit", (e) => {
+  e.preventDefault();
+  const mode = $("browser-mode").value;
+  const value = $("browser-value").value.trim();
+  const target = { topic: $("browser-topic").value.trim(), qid: Number($("browser-qid").value || 0) };
+  if (mode === "last") target.last = Number(value || 20);
+  else if (mode === "from_ms") {
+    const ms = new Date(value).getTime();
+    if (!Number.isFinite(ms)) { $("browser").replaceChildren(h("p", { class: "error" }, "enter a date and time")); return; }
+    target.from_ms = ms;
+  } else target.from = value;
+  browse(target);
+});
+
+$("browser-close").addEventListener("click", () => { $("browser-panel").hidden = true; });
 
 const ACTIONS = {
   skip: (d) => confirmAction(`Skip key ${d.key || ref(d)}?`, [
@@ -237,6 +299,35 @@ const ACTIONS = {
     });
   },
   seek: (d) => seekDialog(d.group),
+  browse: (d) => browse(d),
+  "redrive-selected": (d) => {
+    const picked = pickedOf(d.group);
+    if (!picked.length) { notify("Tick the dead letters to redrive first.", "error"); return; }
+    confirmAction(`Redrive ${plural(picked.length, "dead letter")} of ${d.group}?`, [
+      h("p", {}, `Delivered again to group ${d.group} only, in their original per-key order:`), refList(picked),
+    ], "Redrive", async () => {
+      const r = await api("POST", ["v1", "groups", d.group, "dead-letters", "redrive"], { body: { messages: picked } });
+      state.selected.delete(d.group);
+      return `Redrove ${plural(r.redriven, "dead letter")} of ${d.group}.`;
+    });
+  },
+  "delete-selected": (d) => {
+    const picked = pickedOf(d.group);
+    if (!picked.length) { notify("Tick the dead letters to delete first.", "error"); return; }
+    confirmAction(`Delete ${plural(picked.length, "dead letter")} of ${d.group} for good?`, [
+      h("p", {}, "They are removed from the group's dead letters and cannot be redriven afterwards:"), refList(picked),
+    ], "Delete", async () => {
+      const r = await api("DELETE", ["v1", "groups", d.group, "dead-letters"], { body: { messages: picked } });
+      state.selected.delete(d.group);
+      return `Deleted ${plural(r.deleted, "dead letter")} of ${d.group}.`;
+    });
+  },
+  purge: (d) => confirmAction(`Delete every dead letter of ${d.topic} in ${d.group}?`, [
+    h("p", {}, `All dead letters of topic ${d.topic} are removed from group ${d.group} for good (not only the ones shown).`),
+  ], "Delete all", async () => {
+    const r = await api("DELETE", ["v1", "groups", d.group, "dead-letters"], { query: { topic: d.topic } });
+    return `Deleted ${plural(r.deleted, "dead letter")} of ${d.topic} in ${d.group}.`;
+  }),
 };
 
 function seekDialog(group) {
@@ -280,6 +371,21 @@ document.addEventListener("click", (e) => {
   const button = e.target.closest("button[data-action]");
   if (button && ACTIONS[button.dataset.action]) ACTIONS[button.dataset.action](button.dataset);
 });
+
+document.addEventListener("change", (e) => {
+  const pick = e.target.closest("input.pick");
+  if (pick) {
+    const selected = state.selected.get(pick.dataset.group) || new Set();
+    if (pick.checked) selected.add(pick.dataset.ref);
+    else selected.delete(pick.dataset.ref);
+    state.selected.set(pick.dataset.group, selected);
+    if (state.lastSnap) render(state.lastSnap); // the buttons' counts follow at once
+  }
+});
+
+for (const id of ["group-filter-text", "group-filter-trouble"]) {
+  $(id).addEventListener("input", () => { if (state.lastSnap) render(state.lastSnap); });
+}
 
 if (token()) $("forget-token").hidden = false;
 poll();

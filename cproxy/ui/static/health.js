@@ -4,8 +4,8 @@
 const HISTORY_SAMPLES = 60;
 /** Lag counts as growing when it rose over at least this long without ever falling. */
 const GROWING_WINDOW_MS = 8000;
-/** A head unacked this long is worth a look even when it is simply in flight. */
-const LONG_BLOCKED_MS = 60000;
+/** An unfinished message this old means work is not getting done (consumers slow or gone). */
+export const OLD_UNFINISHED_MS = 5 * 60000;
 
 const history = new Map(); // group name -> [{at, lag}]
 
@@ -56,12 +56,30 @@ export function assess(group, now) {
   if (exhausted > 0) reasons.push({ level: "bad", text: `${exhausted} key${exhausted === 1 ? "" : "s"} blocked for an operator` });
   if (s.retrying > 0) reasons.push({ level: "warn", text: `${s.retrying} retrying` });
   if (s.lost_to_retention > 0) reasons.push({ level: "bad", text: `${s.lost_to_retention} lost to retention` });
-  const stale = group.blocked.filter((b) => b.state === "in_flight" && now - b.blocked_since_ms > LONG_BLOCKED_MS).length;
-  if (stale > 0) reasons.push({ level: "warn", text: `${stale} key${stale === 1 ? "" : "s"} unacked > 1 min` });
+  // Newer servers list only stuck keys: an in-flight one is past the group's stuck_after_ms.
+  const stale = group.blocked.filter((b) => b.state === "in_flight").length;
+  if (stale > 0) reasons.push({ level: "warn", text: `${stale} key${stale === 1 ? "" : "s"} stuck in flight` });
+  const lag = totalLag(s);
+  if (noConsumer(group) && lag > 0) reasons.push({ level: "bad", text: "lag and no consumer" });
+  const oldest = s.oldest_unfinished_age_ms;
+  if (oldest != null && oldest > OLD_UNFINISHED_MS) reasons.push({ level: "warn", text: `oldest unfinished ${minutes(oldest)} old` });
   if (s.parked_keys > 0) reasons.push({ level: "warn", text: `${s.parked_keys} parked key${s.parked_keys === 1 ? "" : "s"}` });
   const growth = lagGrowth(group.name);
   if (growth > 0) reasons.push({ level: "warn", text: `lag growing (+${growth.toLocaleString("en-US")})` });
   return reasons;
+}
+
+/** Nobody pulled in the last five minutes (servers that report `consumers`) and nothing is
+ * pushed: whatever the group has to deliver waits for nobody. */
+export function noConsumer(group) {
+  const s = group.stats;
+  if (!Array.isArray(s.consumers) || s.consumers.length > 0) return false;
+  return !Object.values((group.config && group.config.topics) || {}).some((t) => t.push && t.push.url);
+}
+
+function minutes(ms) {
+  const m = Math.floor(ms / 60000);
+  return m < 120 ? `${m} min` : `${Math.floor(m / 60)} h`;
 }
 
 export function severity(reasons) {

@@ -1,6 +1,6 @@
 // Rendering: pure functions from the polled state to DOM nodes (no fetching here).
 
-import { assess, lagHistory, severity, totalLag } from "./health.js";
+import { assess, lagHistory, noConsumer, severity, totalLag } from "./health.js";
 
 /** Rows shown per blocked-key or dead-letter table; the header says how many there are. */
 export const MAX_ROWS = 20;
@@ -91,40 +91,69 @@ function topicsLine(config) {
     t.push && t.push.url ? h("small", {}, ` · push → ${t.push.url}`) : null));
 }
 
+/** A message reference as text and as button data (the browser opens at it). */
+const refText = (m) => `${m.topic}/${m.qid}@${m.offset}`;
+const lookButton = (m) => button("browse", "Message", { topic: m.topic, qid: m.qid, from: m.offset });
+
+function bodyCell(key, body) {
+  return h("td", { class: "body" }, fold(key, false, h("code", {}, json(body, 60)), h("pre", {}, JSON.stringify(body, null, 2))));
+}
+
 function blockedTable(g, now) {
   const rows = g.blocked.slice(0, MAX_ROWS).map((b) => {
-    const stuck = b.state === "retrying" || b.state === "exhausted";
-    const ref = { group: g.name, topic: b.topic, qid: b.qid, offset: b.head_offset ?? b.offset, key: b.order_value ?? "" };
-    return h("tr", { class: stuck ? "bad" : "", dataset: { key: b.order_value ?? `${b.topic}/${b.qid}@${b.offset}`, state: b.state } },
+    const waitsForOperator = b.state === "retrying" || b.state === "exhausted";
+    const offset = b.head_offset ?? b.offset;
+    const ref = { group: g.name, topic: b.topic, qid: b.qid, offset, key: b.order_value ?? "" };
+    return h("tr", { class: waitsForOperator ? "bad" : "warn", dataset: { key: b.order_value ?? `${b.topic}/${b.qid}@${b.offset}`, state: b.state } },
       h("td", { class: "key" }, b.order_value ?? h("i", {}, "unordered")),
-      h("td", {}, `${b.topic}/${b.qid}@${b.head_offset ?? b.offset}`),
+      h("td", {}, `${b.topic}/${b.qid}@${offset}`),
       h("td", {}, h("span", { class: `state ${b.state}` }, b.state.replace("_", " ")), b.parked ? h("span", { class: "state parked" }, "parked") : null),
       h("td", { class: "num" }, num(b.attempts)),
       h("td", { class: "num" }, age(now - b.blocked_since_ms)),
       h("td", { class: "num" }, num(b.waiting)),
       h("td", { class: "err" }, b.last_error || ""),
-      h("td", { class: "actions" }, stuck ? [button("skip", "Skip", ref, "danger"), button("release", "Release", ref)] : h("small", {}, "in flight")));
+      "body" in b ? bodyCell(`${g.name}:bk:${b.topic}:${b.qid}:${offset}`, b.body) : h("td", {}),
+      h("td", { class: "actions" }, lookButton({ topic: b.topic, qid: b.qid, offset }),
+        waitsForOperator ? [button("skip", "Skip", ref, "danger"), button("release", "Release", ref)] : h("small", {}, " in flight")));
   });
   const total = Math.max(g.stats.blocked_keys || 0, g.blocked.length);
   return h("div", { class: "blocked" },
     h("h4", {}, `Blocked keys (${num(total)}${total > MAX_ROWS ? `, longest ${MAX_ROWS} shown` : ""}, longest blocked first)`),
-    table(["key", "head", "state", "#attempts", "#blocked for", "#waiting", "last error", ""], rows));
+    table(["key", "head", "state", "#attempts", "#blocked for", "#waiting", "last error", "body", ""], rows));
 }
 
 function deadTable(g) {
+  const selected = g.selected || new Set();
   const rows = g.dead.slice(0, MAX_ROWS).map((d) => h("tr", { dataset: { offset: d.offset, qid: d.qid, topic: d.topic } },
-    h("td", {}, `${d.topic}/${d.qid}@${d.offset}`),
+    h("td", {}, h("input", { type: "checkbox", class: "pick", checked: selected.has(refText(d)), dataset: { group: g.name, ref: refText(d) }, "aria-label": `select ${refText(d)}` })),
+    h("td", {}, refText(d)),
     h("td", { class: "key" }, d.key ?? h("i", {}, "none")),
     h("td", { class: "num" }, num(d.attempts)),
     h("td", { class: "err" }, d.last_error || ""),
     h("td", {}, clock(d.dead_lettered_at_ms)),
-    h("td", { class: "body" }, fold(`${g.name}:dl:${d.topic}:${d.qid}:${d.offset}`, false,
-      h("code", {}, json(d.body, 80)), h("pre", {}, JSON.stringify(d.body, null, 2))))));
+    bodyCell(`${g.name}:dl:${d.topic}:${d.qid}:${d.offset}`, d.body),
+    h("td", { class: "actions" }, lookButton(d))));
   const count = g.stats.dead_lettered;
+  const topics = [...new Set(g.dead.map((d) => d.topic))].sort();
+  const picked = selected.size;
   return h("div", { class: "dead" },
     h("h4", {}, `Dead letters (${num(count)}${count > MAX_ROWS ? `, oldest ${MAX_ROWS} shown` : ""})`),
-    table(["message", "key", "#attempts", "last error", "dead-lettered at", "body"], rows));
+    h("div", { class: "toolbar" },
+      button("redrive-selected", `Redrive selected (${picked})`, { group: g.name }, picked ? "" : "idle"),
+      button("delete-selected", `Delete selected (${picked})`, { group: g.name }, picked ? "danger" : "danger idle"),
+      topics.map((t) => button("purge", `Delete all of ${t}`, { group: g.name, topic: t }, "danger"))),
+    table(["", "message", "key", "#attempts", "last error", "dead-lettered at", "body", ""], rows));
 }
+
+function consumersFold(g) {
+  const list = g.stats.consumers || [];
+  const rows = list.map((c) => h("tr", { dataset: { consumer: c.consumer } },
+    h("td", { class: "key" }, c.consumer), h("td", { class: "num" }, `${age(c.last_pull_ms_ago)} ago`), h("td", { class: "num" }, num(c.in_flight))));
+  return fold(`${g.name}:consumers`, false, `Consumers (${list.length}, seen in the last 5 min)`,
+    list.length ? table(["consumer", "#last pull", "#in flight"], rows, { class: "consumers" }) : h("p", { class: "empty" }, "nobody pulled in the last 5 minutes"));
+}
+
+const rate = (n) => (typeof n === "number" ? `${n < 10 ? n.toFixed(1) : num(Math.round(n))}/s` : "–");
 
 function groupCard(g, now) {
   const reasons = assess(g, now);
@@ -151,29 +180,43 @@ function groupCard(g, now) {
     stat("retrying", "retrying", num(s.retrying), null, s.retrying > 0 ? "bad" : ""),
     stat("waiting", "waiting", num(s.waiting)),
     stat("parked_keys", "parked keys", num(s.parked_keys), null, s.parked_keys > 0 ? "warn" : ""),
-    stat("blocked_keys", "blocked keys", num(s.blocked_keys)),
+    stat("blocked_keys", "blocked keys", num(s.blocked_keys), null, s.blocked_keys > 0 ? "warn" : ""),
+    "in_flight_keys" in s ? stat("in_flight_keys", "keys in flight", num(s.in_flight_keys)) : null,
+    "consumers" in s ? stat("consumers", "consumers", num(s.consumers.length), null, noConsumer(g) && lag > 0 ? "bad" : "") : null,
+    "last_pull_ms_ago" in s ? stat("last_pull_ms_ago", "last pull", s.last_pull_ms_ago == null ? "never" : `${age(s.last_pull_ms_ago)} ago`) : null,
+    "delivered_per_s" in s ? stat("delivered_per_s", "delivered", rate(s.delivered_per_s)) : null,
+    "acked_per_s" in s ? stat("acked_per_s", "acked", rate(s.acked_per_s)) : null,
     stat("dead_lettered", "dead letters", num(s.dead_lettered), null, s.dead_lettered > 0 ? "bad" : ""),
     "filtered" in s ? stat("filtered", "filtered", num(s.filtered)) : null,
     "delayed" in s ? stat("delayed", "delayed", num(s.delayed)) : null,
+    g.config.max_per_second != null ? stat("throttled_ms", "throttled", age(s.throttled_ms || 0)) : null,
     "lost_to_retention" in s ? stat("lost_to_retention", "lost to retention", num(s.lost_to_retention), null, s.lost_to_retention > 0 ? "bad" : "") : null));
   const queues = s.queues.map((q) => h("tr", { dataset: { topic: q.topic, qid: q.qid } },
     h("td", {}, q.topic), h("td", { class: "num" }, q.qid), h("td", { class: "num", dataset: { col: "committed" } }, num(q.committed_offset)),
     h("td", { class: "num", dataset: { col: "next" } }, num(q.next_offset)), h("td", { class: "num", dataset: { col: "lag" } }, num(q.lag))));
   card.append(fold(`${g.name}:queues`, s.queues.length <= 4, `Queues (${s.queues.length})`,
     table(["topic", "#qid", "#committed", "#read up to", "#lag"], queues, { class: "queues" })));
+  if ("consumers" in s) card.append(consumersFold(g));
   if (g.blocked.length > 0) card.append(blockedTable(g, now));
   if (s.dead_lettered > 0) card.append(deadTable(g));
   const c = g.config;
   card.append(h("p", { class: "config" },
-    `max_attempts ${c.max_attempts} · backoff ${(c.retry_backoff_ms || []).join("/")} ms · ack timeout ${num(c.ack_timeout_ms)} ms · on exhausted: ${c.on_exhausted} · max_buffered ${num(c.max_buffered)}`));
+    `max_attempts ${c.max_attempts} · backoff ${(c.retry_backoff_ms || []).join("/")} ms · ack timeout ${num(c.ack_timeout_ms)} ms · on exhausted: ${c.on_exhausted} · max_buffered ${num(c.max_buffered)}`
+    + ("stuck_after_ms" in c ? ` · stuck after ${num(c.stuck_after_ms)} ms` : "")
+    + (c.dead_letter_retention_ms ? ` · dead letters kept ${age(c.dead_letter_retention_ms)}` : "")
+    + (c.max_per_second != null ? ` · max ${num(c.max_per_second)}/s` : "")));
   return card;
 }
 
-/** Group cards, the groups in trouble first (most severe first), then by name. */
-export function renderGroups(groups, now) {
+/** Group cards, the groups in trouble first (most severe first), then by name; `filter`
+ * (`{text, troubleOnly}`) keeps those whose name contains the text / that are in trouble. */
+export function renderGroups(groups, now, filter) {
   if (groups.length === 0) return [h("p", { class: "empty" }, "No groups yet.")];
-  const ranked = groups.map((g) => ({ g, rank: severity(assess(g, now)) }));
+  const text = ((filter && filter.text) || "").trim().toLowerCase();
+  const ranked = groups.map((g) => ({ g, rank: severity(assess(g, now)) }))
+    .filter(({ g, rank }) => (!text || g.name.toLowerCase().includes(text)) && (!(filter && filter.troubleOnly) || rank > 0));
   ranked.sort((a, b) => b.rank - a.rank || a.g.name.localeCompare(b.g.name));
+  if (ranked.length === 0) return [h("p", { class: "empty" }, `No group matches (${groups.length} in all).`)];
   return ranked.map(({ g }) => groupCard(g, now));
 }
 
@@ -195,8 +238,9 @@ export function renderTopics(topics) {
     card.append(h("h3", {}, t.name, h("small", {}, ` ${t.queues} queue${t.queues === 1 ? "" : "s"} · `,
       h("span", { dataset: { stat: "stored" } }, num(stored)), " stored", retention(t) ? ` · ${retention(t)}` : "")));
     const rows = qs.map((q) => h("tr", { dataset: { qid: q.qid } }, h("td", { class: "num" }, q.qid),
-      h("td", { class: "num", dataset: { col: "min" } }, num(q.min_offset)), h("td", { class: "num", dataset: { col: "next" } }, num(q.next_offset))));
-    card.append(fold(`topic:${t.name}`, qs.length <= 8, `Queues (min / next offset)`, table(["#qid", "#min", "#next"], rows, { class: "queues" })));
+      h("td", { class: "num", dataset: { col: "min" } }, num(q.min_offset)), h("td", { class: "num", dataset: { col: "next" } }, num(q.next_offset)),
+      h("td", { class: "actions" }, button("browse", "Newest", { topic: t.name, qid: q.qid, last: 20 }))));
+    card.append(fold(`topic:${t.name}`, qs.length <= 8, `Queues (min / next offset)`, table(["#qid", "#min", "#next", ""], rows, { class: "queues" })));
     return card;
   });
 }
@@ -216,5 +260,22 @@ export function renderCluster(cluster) {
     fold("cluster:queues", odd.length > 0, `Queue owners (${queues.length})`,
       table(["topic", "#qid", "owner", "state", "#epoch"], queues.map((q) => h("tr", { class: q.state === "owned" ? "" : "warn" },
         h("td", {}, q.topic), h("td", { class: "num" }, q.qid), h("td", {}, q.owner ?? "–"), h("td", {}, q.state), h("td", { class: "num" }, q.epoch ?? "–"))))),
+  ];
+}
+
+/** The message browser's result: stored messages read without any group. */
+export function renderMessages(page) {
+  if (page.error) return [h("p", { class: "error" }, page.error)];
+  const rows = page.messages.map((m) => h("tr", { dataset: { offset: m.offset } },
+    h("td", { class: "num" }, m.offset),
+    h("td", { class: "key" }, m.key ?? h("i", {}, "none")),
+    h("td", {}, clock(m.produced_at_ms)),
+    h("td", {}, m.deliver_at_ms == null ? "" : clock(m.deliver_at_ms)),
+    h("td", {}, m.headers ? json(m.headers, 60) : ""),
+    h("td", { class: "body" }, h("pre", {}, JSON.stringify(m.body, null, 2)))));
+  return [
+    h("p", { class: "hint" }, `${page.topic} queue ${page.qid}: ${page.messages.length} message${page.messages.length === 1 ? "" : "s"}, read without any group (nothing delivered or held).`),
+    page.messages.length ? table(["#offset", "key", "produced at", "deliver at", "headers", "body"], rows, { class: "messages" }) : h("p", { class: "empty" }, "No stored message there."),
+    h("div", { class: "toolbar" }, button("browse", "Next →", { topic: page.topic, qid: page.qid, from: page.next })),
   ];
 }
