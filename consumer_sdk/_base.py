@@ -31,6 +31,7 @@ from consumer_sdk._wire import (
     parse_ref,
     parse_send,
     parse_topic,
+    produce_to_wire,
     query_params,
     results_to_wire,
     seg,
@@ -52,6 +53,7 @@ from consumer_sdk.models import (
     GroupInfo,
     MessageRef,
     OutgoingMessage,
+    Produce,
     PullResult,
     QueueResult,
     SendResult,
@@ -303,8 +305,14 @@ class BaseClient:
             timeout_s=wait_ms / 1000 + self._timeout_s,
         )
 
-    def _ack(self, group: str, results: Sequence[QueueResult]) -> Call[AckResult]:
-        return self._group("POST", group, "/ack", {"results": results_to_wire(results)}, parse_ack)
+    def _ack(
+        self, group: str, results: Sequence[QueueResult], produce: Sequence[Produce] | None = None
+    ) -> Call[AckResult]:
+        body: dict[str, Any] = {"results": results_to_wire(results)}
+        if produce is not None:
+            # Repeating it is harmless: once it applied, a repeat names stale results (409).
+            body["produce"] = produce_to_wire(produce)
+        return self._group("POST", group, "/ack", body, parse_ack)
 
     def _extend(
         self,

@@ -15,6 +15,7 @@ them up after ``flush_timeout_ms`` of failures: the queue's new owner redelivers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -26,16 +27,19 @@ from typing import Any, Protocol
 import httpx
 
 from consumer_sdk._tls import Verify
+from consumer_sdk._wire import produce_to_wire
 from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError
+from consumer_sdk.models import Produce
 
 from ._cluster import adiscover, rediscover, unique_urls
 from ._lease import keep_leases, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
+from ._outputs import outputs_of, send_outputs
 from ._results import flush, flusher, note_answer
 from ._runs import Runs, run_count
-from ._util import group_body, prepare_group, recreate_group
+from ._util import describe, group_body, prepare_group, recreate_group
 from ._wakeup import Wakeups
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -140,6 +144,43 @@ class ConsumerCore(Wakeups):
             self.ledger.drop(taken_back)
         self.notify()
         return True
+
+    def finish(self, delivery: Delivery, returned: object) -> None:
+        """A handler returned ``returned`` (thread-safe): a plain ack, or with ``Produce``
+        outputs, the ack and the outputs in one call (``_outputs``)."""
+        outputs = outputs_of(returned)
+        if outputs is None:
+            self.settle(delivery, None)
+            return
+        try:
+            produce_to_wire(outputs)  # a malformed output message fails the handler
+        except (TypeError, ValueError) as exc:
+            self.settle(delivery, describe(exc))
+            return
+        loop = self._loop
+        assert loop is not None
+        if threading.get_ident() == self._loop_thread:
+            self._send_outputs(delivery, outputs)
+            return
+        # RuntimeError: the loop closed (a handler outlived drain_timeout_ms).
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._send_outputs, delivery, outputs)
+
+    def _send_outputs(self, delivery: Delivery, outputs: list[Produce]) -> None:
+        # The delivery stays outstanding until the call ends: draining waits for it.
+        delivery.sending = True
+        self._spawn(send_outputs(self, delivery, outputs), "outputs")
+
+    def outputs_done(self, delivery: Delivery, stored: bool) -> None:
+        """The ack with outputs of ``delivery`` ended (``stored`` or not): its run goes on,
+        or, when it was not stored, the rest of its run is left to the server."""
+        self.ledger.drop([delivery])
+        nxt, taken_back = self._runs.settled(delivery, stored)
+        if nxt is not None:
+            self._dispatcher.submit([nxt])
+        if taken_back:
+            self.ledger.drop(taken_back)
+        self.notify()
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
         """Hand a pull's deliveries to the dispatcher: same-key runs one message at a time."""
@@ -360,8 +401,10 @@ class ConsumerCore(Wakeups):
                 await self.pause(linger_s, lambda: done() or not ledger.outstanding)
             if done():
                 break
-            results = ledger.take_results(index)
             asked = min(cfg.max_messages, limit - ledger.outstanding)
+            if asked < 1:  # another server's puller took the room meanwhile
+                continue
+            results = ledger.take_results(index)
             started = time.monotonic()
             self._in_pull[index] = True
             try:

@@ -84,7 +84,7 @@ class ThreadDispatcher:
                 _log_failure(delivery.message, exc)
                 core.settle(delivery, describe(exc))
             else:
-                core.settle(delivery, None)
+                core.finish(delivery, result)
 
     async def close(self, timeout_s: float | None) -> None:
         for _ in self._threads:
@@ -139,12 +139,12 @@ class TaskDispatcher:
             try:
                 result = handler(delivery.message)
                 if is_async or inspect.isawaitable(result):  # plain functions run on the loop
-                    await result  # type: ignore[misc]
+                    result = await result  # type: ignore[misc]
             except Exception as exc:
                 _log_failure(delivery.message, exc)
                 core.settle(delivery, describe(exc))
             else:
-                core.settle(delivery, None)
+                core.finish(delivery, result)
 
     async def close(self, timeout_s: float | None) -> None:
         # Called after draining (or after drain_timeout_ms): whatever still runs is abandoned,

@@ -27,6 +27,8 @@ class Delivery:
     received_at: float
     leased_at: float
     settled: bool = False
+    #: its ack with outputs is being sent: the server holds it, an extend would be refused
+    sending: bool = False
 
 
 @dataclass(slots=True)
@@ -178,7 +180,7 @@ class Ledger:
         due: dict[int, list[Delivery]] = {}
         with self._lock:
             for d in self._outstanding:
-                if now - d.leased_at >= after_s:
+                if now - d.leased_at >= after_s and not d.sending:
                     due.setdefault(d.server, []).append(d)
         return due
 

@@ -17,6 +17,7 @@ from consumer_sdk.models import (
     GroupInfo,
     MessageRef,
     OutgoingMessage,
+    Produce,
     QueueResult,
     SendResult,
     TopicInfo,
@@ -62,6 +63,19 @@ def results_to_wire(results: Iterable[QueueResult]) -> list[dict[str, Any]]:
             {"offset": o, "attempt": attempts[o]} if o in attempts else o for o in r.acks
         ]
         out.append({"topic": r.topic, "qid": r.qid, "acks": acks, "fails": fails})
+    return out
+
+
+def produce_to_wire(outputs: Iterable[Produce]) -> list[dict[str, Any]]:
+    """An ack's ``produce``: each output's topic and its messages in the produce shape."""
+    out = []
+    for p in outputs:
+        if not isinstance(p, Produce):
+            raise TypeError(f"expected Produce(topic, messages), got {type(p).__name__}")
+        messages = [outgoing_to_wire(m) for m in p.messages]
+        if not messages:
+            raise ValueError(f"Produce({p.topic!r}, ...) needs at least one message")
+        out.append({"topic": p.topic, "messages": messages})
     return out
 
 
@@ -143,7 +157,11 @@ def parse_ack(data: Any) -> AckResult:
         unknown = tuple(
             (str(u["topic"]), int(u["qid"]), int(u["offset"])) for u in obj.get("unknown") or ()
         )
-        return AckResult(applied=int(obj.get("applied", 0)), unknown=unknown)
+        produced = tuple(
+            SendResult(int(p["qid"]), int(p["offset"]), bool(p.get("duplicate", False)))
+            for p in obj.get("produced") or ()
+        )
+        return AckResult(applied=int(obj.get("applied", 0)), unknown=unknown, produced=produced)
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed results in answer: {exc!r}") from exc
 

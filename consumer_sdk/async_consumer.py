@@ -35,7 +35,8 @@ class AsyncConsumer(ConsumerBase):
     a time in offset order.
 
     With a ``handler`` (an ``async def`` taking a :class:`Message`), up to ``concurrency``
-    handlers run at once; returning acks the message and raising fails it::
+    handlers run at once; returning acks the message and raising fails it (returning
+    :class:`Produce` acks it with those outputs, stored exactly once, as for ``Consumer``)::
 
         async with AsyncConsumer(url, group="billing", topics=["rides"], handler=handle) as c:
             await stop_event.wait()            # or: await consumer.run() until SIGINT/SIGTERM

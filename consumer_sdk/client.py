@@ -30,6 +30,7 @@ from consumer_sdk.models import (
     GroupInfo,
     MessageRef,
     OutgoingMessage,
+    Produce,
     PullResult,
     QueueResult,
     SendResult,
@@ -171,10 +172,19 @@ class Client(Closing, BaseClient):
         return self._send(call, retry)
 
     def ack(
-        self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
+        self,
+        group: str,
+        results: Sequence[QueueResult],
+        retry: RetryPolicy | None = None,
+        produce: Sequence[Produce] | None = None,
     ) -> AckResult:
-        """Send acks/fails without pulling (``POST /v1/groups/{group}/ack``)."""
-        return self._send(self._ack(group, results), retry)
+        """Send acks/fails without pulling (``POST /v1/groups/{group}/ack``).
+
+        With ``produce``, the results (each fenced by its attempt) and those output messages
+        are stored in one transaction (``AckResult.produced`` says where); if any result is
+        not a current delivery, nothing is: ``ResourceConflict`` with code
+        ``stale_results``."""
+        return self._send(self._ack(group, results, produce), retry)
 
     def extend(
         self,
@@ -398,9 +408,13 @@ class AsyncClient(AsyncClosing, BaseClient):
         return await self._send(call, retry)
 
     async def ack(
-        self, group: str, results: Sequence[QueueResult], retry: RetryPolicy | None = None
+        self,
+        group: str,
+        results: Sequence[QueueResult],
+        retry: RetryPolicy | None = None,
+        produce: Sequence[Produce] | None = None,
     ) -> AckResult:
-        return await self._send(self._ack(group, results), retry)
+        return await self._send(self._ack(group, results, produce), retry)
 
     async def extend(
         self,

@@ -32,7 +32,9 @@ class Consumer(ConsumerBase):
     it after ``max_attempts``). Messages sharing an order value reach the handler one at a time
     in offset order; different order values run in parallel. Make handlers idempotent (see
     :func:`consumer_sdk.idempotent`): a message may be delivered again after a crash or an ack
-    timeout.
+    timeout. A handler may return :class:`Produce` (or a list of them) instead of None: its
+    message's ack and those output messages are then stored in one transaction, so each input
+    gives its outputs exactly once (docs/sdk.md).
 
     Arguments (durations in milliseconds); the tuning ones, ``concurrency`` to ``retry``, are
     the :class:`~consumer_sdk.ConsumerOptions` both consumers share:

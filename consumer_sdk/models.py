@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,8 @@ class AckResult:
 
     applied: int = 0
     unknown: tuple[MessageRef, ...] = ()
+    #: For an ack with ``produce``: where each output message was stored, in request order.
+    produced: tuple[SendResult, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,20 @@ class ExtendResult:
     unknown: tuple[MessageRef, ...] = ()
 
 
+@dataclass(frozen=True, slots=True)
+class Produce:
+    """Messages to store on ``topic`` together with the ack of the message being handled.
+
+    A consumer's handler returns one (or a list of them) instead of None: the message's ack
+    and these messages are then sent in one call and stored in one transaction, so each input
+    gives its outputs exactly once (docs/guarantees.md, guarantee 10). ``messages`` take the
+    shape of :meth:`Producer.send_batch`'s.
+    """
+
+    topic: str
+    messages: Sequence[OutgoingMessage]
+
+
 #: A message to produce, as a mapping with the keys ``body`` (any JSON value, required),
 #: ``key`` (str or None), ``headers`` (str -> str), ``id`` (str, for dedup) and ``qid`` (int).
 OutgoingMessage = Mapping[str, Any]
@@ -184,6 +200,7 @@ __all__ = [
     "Message",
     "MessageRef",
     "OutgoingMessage",
+    "Produce",
     "PullResult",
     "QueueResult",
     "SendResult",

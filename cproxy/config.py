@@ -27,6 +27,12 @@ Example ``cproxy.toml``::
     token_sha256 = "<64 hex digits, from 'cproxy token hash' or 'cproxy token new'>"
     role = "consumer"
 
+    [[tokens]]                   # a pipeline worker: consumes group "enrich", produces to "out"
+    token = "pipeline-token"
+    roles = ["consumer", "producer"]
+    topics = ["rides", "out"]
+    groups = ["enrich"]
+
     [topics.rides]
     queues = 8
     retention_ms = 604800000     # optional: keep 7 days

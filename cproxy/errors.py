@@ -133,6 +133,20 @@ class ReplayInProgress(Conflict):
     code = "replay_in_progress"
 
 
+class StaleResults(Conflict):
+    """An ack with outputs named a result that does not answer a current delivery: nothing
+    was applied or stored. ``refs`` lists those results as (topic, qid, offset); the answer
+    carries them as ``unknown``."""
+
+    code = "stale_results"
+
+    def __init__(self, refs: list[tuple[str, int, int]]) -> None:
+        super().__init__(
+            f"{len(refs)} result(s) do not answer a current delivery; nothing was applied or stored"
+        )
+        self.refs = refs
+
+
 class QueueNotOwned(Conflict):
     """A commit named queues this proxy no longer owns at the epoch it holds (cluster mode):
     another proxy took them over. Nothing of the commit was written; ``refs`` lists the

@@ -1,8 +1,9 @@
 """Bearer tokens: what a ``[[tokens]]`` entry of the config file holds, and its checks.
 
-A token names a role (admin, producer, consumer) and optionally the topics and groups it may
-touch; the secret is given in plain text or as its SHA-256 digest, and only digests are ever
-compared (``cproxy.api.auth``). ``cproxy token new`` / ``cproxy token hash`` make them.
+A token holds one or several roles (admin, producer, consumer) and optionally the topics and
+groups it may touch (the scopes apply to each of its roles); the secret is given in plain
+text or as its SHA-256 digest, and only digests are ever compared (``cproxy.api.auth``).
+``cproxy token new`` / ``cproxy token hash`` make them.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, cast
 
 from cproxy.errors import ConfigError
 
@@ -31,6 +32,9 @@ def token_digest(secret: str) -> str:
 class Token:
     """A bearer token; ``topics``/``groups`` of None mean "any".
 
+    ``role`` is its first role; ``roles`` all of them (``role`` included), e.g. a pipeline
+    worker's ``{"consumer", "producer"}``.
+
     Give the secret either in plain text (``token``) or as its SHA-256 digest
     (``token_sha256``, 64 hex digits), so a config file need not hold the secret itself;
     exactly one of the two. The authorizer only ever compares digests (:attr:`digest`).
@@ -42,8 +46,10 @@ class Token:
     groups: frozenset[str] | None = None
     name: str = "unnamed"
     token_sha256: str | None = None
+    roles: frozenset[Role] = frozenset()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", frozenset({self.role, *self.roles}))
         if (self.token is None) == (self.token_sha256 is None):
             raise ConfigError(f"token {self.name!r}: give exactly one of token or token_sha256")
         if self.token_sha256 is not None:
@@ -72,7 +78,9 @@ def tokens_from_config(raw: Any) -> tuple[Token, ...]:
         where = f"tokens[{i}]"
         if not isinstance(item, Mapping):
             raise ConfigError(f"{where} must be a table")
-        unknown = set(item) - {"token", "token_sha256", "role", "topics", "groups", "name"}
+        unknown = set(item) - {
+            "token", "token_sha256", "role", "roles", "topics", "groups", "name"
+        }  # fmt: skip
         if unknown:
             raise ConfigError(f"{where}: unknown setting(s) {', '.join(sorted(unknown))}")
         secret, digest = item.get("token"), item.get("token_sha256")
@@ -89,9 +97,7 @@ def tokens_from_config(raw: Any) -> tuple[Token, ...]:
                 f"{where}.token_sha256 must be 64 hex digits, the SHA-256 of the token "
                 "('cproxy token hash' prints it)"
             )
-        role = item.get("role")
-        if role not in ("admin", "producer", "consumer"):
-            raise ConfigError(f"{where}.role must be 'admin', 'producer' or 'consumer'")
+        roles = _roles(item, where)
         scopes: dict[str, frozenset[str] | None] = {}
         for scope in ("topics", "groups"):
             names = item.get(scope)
@@ -103,14 +109,39 @@ def tokens_from_config(raw: Any) -> tuple[Token, ...]:
         tokens.append(
             Token(
                 secret,
-                role,
+                roles[0],
                 scopes["topics"],
                 scopes["groups"],
                 str(item.get("name") or f"tokens[{i}]"),
                 token_sha256=digest,
+                roles=frozenset(roles),
             )
         )
     # By digest: the same secret given once in plain text and once hashed is a duplicate too.
     if len({t.digest for t in tokens}) != len(tokens):
         raise ConfigError("tokens must be unique")
     return tuple(tokens)
+
+
+_ROLE_NAMES: Final = ("admin", "producer", "consumer")
+
+
+def _roles(item: Mapping[str, Any], where: str) -> list[Role]:
+    """``role = "x"`` or ``roles = ["x", ...]`` (exactly one of the two), checked."""
+    if ("role" in item) == ("roles" in item):
+        raise ConfigError(f"{where}: give exactly one of role or roles")
+    if "role" in item:
+        names = [item["role"]]
+        if item["role"] not in _ROLE_NAMES:
+            raise ConfigError(f"{where}.role must be 'admin', 'producer' or 'consumer'")
+    else:
+        names = item["roles"]
+        if (
+            not isinstance(names, list)
+            or not names
+            or not all(isinstance(n, str) and n in _ROLE_NAMES for n in names)
+        ):
+            raise ConfigError(
+                f"{where}.roles must be a non-empty list of 'admin', 'producer', 'consumer'"
+            )
+    return [cast(Role, n) for n in names]

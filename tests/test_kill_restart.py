@@ -82,8 +82,10 @@ def free_port() -> int:
 class ServerProcess:
     """``cproxy serve`` in a subprocess; restartable on the same data dir and port."""
 
-    def __init__(self, root: Path, extra_config: str = "") -> None:
-        """``extra_config``: more TOML for the config file (e.g. a ``[push]`` table)."""
+    def __init__(self, root: Path, extra_config: str = "", port: int | None = None) -> None:
+        """``extra_config``: more TOML for the config file (e.g. a ``[push]`` table);
+        ``port``: restart on it every time (clients keep their URL), else a fresh one each."""
+        self.fixed_port = port
         self.data_dir = root / "data"
         self.config = root / "cproxy.toml"
         self.config.write_text(
@@ -95,8 +97,9 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start on a fresh port, so no request meant for a killed server reaches this one."""
-        self.port = free_port()
+        """Start on a fresh port, so no request meant for a killed server reaches this one
+        (unless a fixed port was given)."""
+        self.port = self.fixed_port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [
             sys.executable,

@@ -22,6 +22,9 @@ class _Answer(msgspec.Struct, kw_only=True):
 class ErrorDetail(_Answer, kw_only=True):
     code: str
     message: str
+    #: With a 409 ``stale_results`` (an ack with ``produce``): the results that were not
+    #: current deliveries.
+    unknown: list[MessageRefOut] | None = None
 
 
 class ErrorBody(_Answer, kw_only=True):
@@ -108,6 +111,20 @@ class Message(_Answer, kw_only=True):
 class ResultsOutcome(_Answer, kw_only=True):
     applied: int
     unknown: list[MessageRefOut]
+
+
+class ProducedOut(_Answer, kw_only=True):
+    topic: str
+    qid: int
+    offset: int
+    duplicate: bool
+
+
+class AckOutcome(ResultsOutcome, kw_only=True):
+    """An ack's answer; with ``produce`` in the request also ``produced``: each output
+    message's place, in request order (``unknown`` is then empty)."""
+
+    produced: list[ProducedOut] | None = None
 
 
 class PullAnswer(_Answer, kw_only=True):

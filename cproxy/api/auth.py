@@ -12,6 +12,10 @@ use a group        yes    no        scoped
 delete a group     yes    no        no
 =================  =====  ========  ========
 
+A token may hold several roles (``roles = ["consumer", "producer"]``): it may do what any
+of them may, within the same scopes. An ack with ``produce`` is "use a group" and "produce"
+to each output topic.
+
 "Use a group" is everything under ``/v1/groups/{group}`` but DELETE: create/update it, read
 it, pull, ack, extend, seek, dead letters and blocked keys. The token's group scope must name
 the group, and every topic the group reads must be in the token's topic scope (a group hands
@@ -93,9 +97,10 @@ class Authorizer:
         token: Token, action: Action, topics: Iterable[str], group: str | None
     ) -> str | None:
         """Why ``token`` may not do ``action`` on these names, or None if it may."""
-        if token.role not in _ROLES[action]:
-            return f"token {token.name!r} (role {token.role}) may not {action}"
-        if token.role == "admin":
+        roles = token.roles
+        if not roles & _ROLES[action]:
+            return f"token {token.name!r} (role {'/'.join(sorted(roles))}) may not {action}"
+        if "admin" in roles:
             return None
         if token.topics is not None:
             outside = sorted(set(topics) - token.topics)
@@ -147,12 +152,12 @@ class Authorizer:
     def may_push_anywhere(token: Token | None) -> bool:
         """Whether ``token`` may set a push URL outside ``[push] allowed_urls`` (admin
         only; anyone when auth is off)."""
-        return token is None or token.role == "admin"
+        return token is None or "admin" in token.roles
 
     # -- listings: the same rule, item by item -----------------------------------------------------
     def topic_scope(self, token: Token | None) -> frozenset[str] | None:
         """The topics whose messages ``token`` may see, or None for any topic."""
-        if token is None or token.role == "admin":
+        if token is None or "admin" in token.roles:
             return None
         return token.topics
 

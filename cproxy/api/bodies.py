@@ -95,8 +95,17 @@ class Pull(_Strict):
     consumer: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] | None = None
 
 
+class OutTopic(_Strict):
+    """Messages an ack stores with its results, in the produce call's shape."""
+
+    topic: str
+    messages: Annotated[list[OutMessage], msgspec.Meta(min_length=1)]
+
+
 class Ack(_Strict):
     results: list[QueueResults]
+    #: Outputs stored in one transaction with the results (every result fenced).
+    produce: list[OutTopic] | None = None
 
 
 class MessageRefBody(_Strict):

@@ -22,6 +22,8 @@ from starlette.responses import Response
 
 from cproxy import errors
 
+from .wire import refs
+
 logger = logging.getLogger(__name__)
 
 #: ``(status, headers, body)``: a whole answer; the headers include ``content-length``.
@@ -86,6 +88,9 @@ def render(exc: errors.CproxyError | BadBody, method: str, path: str) -> Reply:
     status = status_for(exc)
     if status >= 500:
         logger.warning("%s %s -> %d %s: %s", method, path, status, exc.code, exc.message)
+    if isinstance(exc, errors.StaleResults):  # the results that were not current
+        error = {"code": exc.code, "message": exc.message, "unknown": refs(exc.refs)}
+        return reply(orjson.dumps({"error": error}), status, JSON)
     if isinstance(exc, errors.Unauthorized):
         return error_reply(status, exc.code, exc.message, (b"www-authenticate", challenge(exc)))
     return error_reply(status, exc.code, exc.message)

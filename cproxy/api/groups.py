@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from cproxy.broker import GroupConfig
+from cproxy.broker import GroupConfig, Output
 from cproxy.config import check_name
 from cproxy.errors import InvalidRequest
 from cproxy.model import MessageRef
@@ -27,6 +27,7 @@ from .bodies import (
     DeleteDeadLetters,
     Extend,
     GroupSettings,
+    OutTopic,
     Pull,
     Redrive,
     Replay,
@@ -34,6 +35,7 @@ from .bodies import (
     TopicQuery,
 )
 from .endpoint import Call, Endpoint
+from .produced import check_count, new_messages
 
 
 # -- the consumer's calls (hot: as little work as the checks allow) -----------------------------
@@ -55,8 +57,23 @@ async def pull(call: Call[Pull, None]) -> bytes:
 
 async def ack(call: Call[Ack, None]) -> bytes:
     call.check_topics([r.topic for r in call.body.results])
+    if call.body.produce is not None:
+        return await _ack_produce(call, call.body.produce)
     outcome = call.broker.ack(call.params["group"], items.results(call.body.results))
     return orjson.dumps(wire.outcome(outcome))
+
+
+async def _ack_produce(call: Call[Ack, None], produce: list[OutTopic]) -> bytes:
+    """An ack with outputs (guarantee 10): produce rights on every output topic, and the
+    produce call's limits over all of its messages together."""
+    for out in produce:
+        call.authorizer.check(call.token, "produce", [out.topic])
+    limits = call.state.settings.limits
+    check_count(sum(len(out.messages) for out in produce), limits)
+    outputs = [Output(out.topic, *new_messages(out.messages, limits, call.raw)) for out in produce]
+    results = items.results(call.body.results)
+    outcome, stored = await call.broker.ack_with_outputs(call.params["group"], results, outputs)
+    return wire.ack_produced(outcome, [out.topic for out in outputs], stored)
 
 
 async def extend(call: Call[Extend, None]) -> bytes:
@@ -182,7 +199,8 @@ ENDPOINTS = [
              summary="Apply results, then pull (long poll)", answers={200: a.PullAnswer},
              errors=(404,)),
     Endpoint("POST", f"{G}/ack", ack, action="use_group", body=Ack,
-             summary="Apply acks and fails", answers={200: a.ResultsOutcome}, errors=(404,)),
+             summary="Apply acks and fails; with produce, store outputs in the same transaction",
+             answers={200: a.AckOutcome}, errors=(404, 409)),
     Endpoint("POST", f"{G}/extend", extend, action="use_group", body=Extend,
              summary="Extend the ack deadline of in-flight messages",
              answers={200: a.ResultsOutcome}, errors=(404,)),

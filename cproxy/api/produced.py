@@ -101,6 +101,13 @@ def stored_body(raw: bytes, index: int, checked: bool = False) -> bytes:
         raise InvalidRequest(f"messages[{index}].body cannot be stored as JSON: {exc}") from exc
 
 
+def check_count(count: int, limits: Limits) -> None:
+    """413 for more messages in one call than ``max_messages_per_call`` (a produce call, or
+    the outputs of an ack with ``produce`` together)."""
+    if count > limits.max_messages_per_call:
+        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
+
+
 def new_messages(
     messages: Sequence[OutMessage], limits: Limits, request: bytes
 ) -> tuple[list[NewMessage], list[int | None] | None]:

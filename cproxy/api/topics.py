@@ -6,21 +6,18 @@ import orjson
 from msgspec import UNSET
 
 from cproxy.config import check_name
-from cproxy.errors import TooLarge
 
 from . import answers as a
 from . import wire
 from .bodies import BrowseQuery, CreateTopic, Produce, UpdateTopic
 from .endpoint import Call, Endpoint
 from .errors import Reply, json_reply
-from .produced import new_messages
+from .produced import check_count, new_messages
 
 
 async def produce(call: Call[Produce, None]) -> bytes:
     limits = call.state.settings.limits
-    count = len(call.body.messages)
-    if count > limits.max_messages_per_call:
-        raise TooLarge(f"{count} messages in one call; the limit is {limits.max_messages_per_call}")
+    check_count(len(call.body.messages), limits)
     messages, delays = new_messages(call.body.messages, limits, call.raw)
     stored = await call.broker.produce(call.params["topic"], messages, delays)
     return wire.produce_answer(stored)

@@ -95,6 +95,19 @@ def outcome(o: Outcome) -> dict[str, Any]:
     return {"applied": o.applied, "unknown": refs(o.unknown)}
 
 
+def ack_produced(
+    o: Outcome, outputs: Sequence[str], stored: Sequence[Sequence[AppendResult]]
+) -> bytes:
+    """An ack with ``produce``: the outcome and ``produced``, every output message's
+    ``{"topic", "qid", "offset", "duplicate"}`` in request order."""
+    produced = [
+        {"topic": topic, "qid": r.qid, "offset": r.offset, "duplicate": r.duplicate}
+        for topic, results in zip(outputs, stored, strict=True)
+        for r in results
+    ]
+    return _encode({**outcome(o), "produced": produced})
+
+
 def pull_answer(r: PullResult, runs: bool = False) -> bytes:
     """``{"messages": [delivery_json(d, runs), ...], "results": outcome}`` as bytes; with
     ``runs`` (``max_per_key`` > 1) each message names its run's first position. The messages

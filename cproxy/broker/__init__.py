@@ -9,7 +9,7 @@ from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 
-from .broker import Broker
+from .broker import Broker, Output
 from .message_json import Delivered, delivery_json, message_json
 from .push import PushStats
 from .runner import PullResult
@@ -27,6 +27,7 @@ __all__ = [
     "GroupSummary",
     "GroupView",
     "Outcome",
+    "Output",
     "PullResult",
     "PushStats",
     "Result",

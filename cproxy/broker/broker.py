@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
 import anyio
 import orjson
@@ -43,6 +44,15 @@ from .views import GroupSummary, GroupView
 from .waiters import WatchGone
 
 logger = logging.getLogger(__name__)
+
+
+class Output(NamedTuple):
+    """Messages an ack stores with its results (``Broker.ack_with_outputs``): one topic's,
+    with each one's ``delay_ms`` as for ``produce``."""
+
+    topic: str
+    messages: Sequence[NewMessage]
+    delays_ms: Sequence[int | None] | None = None
 
 
 class Broker(QueueHosting, OperatorActions):
@@ -226,14 +236,30 @@ class Broker(QueueHosting, OperatorActions):
         if self.owned is not None:
             await self.know_topic(topic)
         now = now_ms()
-        check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
-        self._topics.place(topic, messages)
+        self._place(topic, messages, delays_ms, now)
         try:
             results = await self.store.append(topic, messages, now, self.settings.dedup_window_ms)
         except StoreError:
             self._writes.append_failed()
             raise
         self._writes.append_succeeded()
+        self._stored(topic, results)
+        return results
+
+    def _place(
+        self,
+        topic: str,
+        messages: Sequence[NewMessage],
+        delays_ms: Sequence[int | None] | None,
+        now: int,
+    ) -> None:
+        """Check and place messages to produce (the rules of every produce path); in
+        cluster mode the caller has made sure this proxy knows the topic (``know_topic``)."""
+        check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
+        self._topics.place(topic, messages)
+
+    def _stored(self, topic: str, results: Sequence[AppendResult]) -> None:
+        """Messages were stored: hand them to the groups that read ``topic``."""
         stored: dict[int, list[Message]] = {}
         for result in results:
             message = result.message
@@ -250,7 +276,6 @@ class Broker(QueueHosting, OperatorActions):
                     runner.offer(topic, stored)
         if self._on_produced is not None:
             self._on_produced(topic, sum(map(len, stored.values())))
-        return results
 
     # -- groups --------------------------------------------------------------------------------
     def _runner(self, name: str) -> GroupRunner:
@@ -394,6 +419,48 @@ class Broker(QueueHosting, OperatorActions):
         if self.check_lease is not None:
             self.check_lease()
         return runner.apply(results)
+
+    async def ack_with_outputs(
+        self,
+        name: str,
+        results: Sequence[Result],
+        outputs: Sequence[Output],
+    ) -> tuple[Outcome, list[list[AppendResult]]]:
+        """Apply ``results`` and store ``outputs`` in one store transaction (guarantee 10).
+
+        Every result must name its attempt (``InvalidRequest`` otherwise). All of them
+        current: they are applied and durable, and the outputs stored (each as ``produce``
+        stores messages: placement, delays, dedup), before this returns; else
+        ``StaleResults`` and nothing happens. ``StoreError``: nothing happened either, and
+        the deliveries are in flight again as they were.
+        """
+        self._check_open()
+        for result in results:
+            named = result.attempts or {}
+            if any(o not in named for o in [*result.acks, *(f for f, _ in result.fails)]):
+                raise InvalidRequest(
+                    'with produce, every result must name its attempt ({"offset", "attempt"})'
+                )
+        runner = self._runner(name)
+        if self.check_lease is not None:
+            self.check_lease()
+        now = now_ms()
+        for out in outputs:
+            if self.owned is not None:
+                await self.know_topic(out.topic)
+            self._place(out.topic, out.messages, out.delays_ms, now)
+        appends = [(out.topic, out.messages) for out in outputs]
+        try:
+            outcome, stored = await runner.apply_with(
+                results, appends, self.settings.dedup_window_ms
+            )
+        except StoreError:
+            self._writes.append_failed()
+            raise
+        self._writes.append_succeeded()
+        for out, appended in zip(outputs, stored, strict=True):
+            self._stored(out.topic, appended)
+        return outcome, stored
 
     def extend(
         self,

@@ -32,7 +32,7 @@ from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
-from cproxy.model import Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, QueueRef
 from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
@@ -44,6 +44,7 @@ from .rate import Rate
 from .runner_ops import OperatorCalls
 from .runner_queues import QueueHooks
 from .waiters import Waiter, Waiters, WatchGone
+from .with_outputs import Append, OutputCommits
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,11 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: When the timer task wakes next by itself (ms); 0 while it is not asleep.
         self._timer_due_ms = 0
         self._commit_kick = anyio.Event()
+        #: Progress writes one at a time (a cluster hand-over holds it too): a commit's
+        #: snapshot must never land after, and undo, what an ack with outputs wrote
+        #: (``with_outputs``).
+        self.commit_lock = anyio.Lock()
+        self._outputs = OutputCommits(self.name, engine, store, self.commit_lock, self._after_apply)
         self._scope: anyio.CancelScope | None = None
         self._closed = anyio.Event()
         self._stopping = False
@@ -275,6 +281,13 @@ class GroupRunner(QueueHooks, OperatorCalls):
 
     async def commit(self) -> None:
         """Persist progress, dead letters and finished redrives now."""
+        async with self.commit_lock:
+            # First the acks with outputs whose transaction's outcome is unknown: a progress
+            # write before that is known could undo one that did commit.
+            if await self._outputs.resolve():
+                await self._commit()
+
+    async def _commit(self) -> None:
         batch = self._engine.take_commit()
         if not batch:
             return
@@ -435,12 +448,30 @@ class GroupRunner(QueueHooks, OperatorCalls):
     # -- consumer calls ------------------------------------------------------------------------
     def apply(self, results: Iterable[Result]) -> Outcome:
         outcome = self._engine.apply_results(results, now_ms())
+        self._after_apply(outcome)
+        return outcome
+
+    def _after_apply(self, outcome: Outcome) -> None:
         if outcome.applied:
             self._after_finish()
             self._kick_timer()
             if self._engine.has_ready():
                 self._notify_ready()
-        return outcome
+
+    async def resolve_outputs(self) -> bool:
+        """With ``commit_lock`` held: settle acks with outputs whose transaction's outcome
+        was unknown (``with_outputs``); False while one still is."""
+        return await self._outputs.resolve()
+
+    async def apply_with(
+        self, results: Sequence[Result], outputs: Sequence[Append], dedup_window_ms: int
+    ) -> tuple[Outcome, list[list[AppendResult]]]:
+        """Apply ``results`` and store ``outputs`` in one store transaction (guarantee 10;
+        ``with_outputs``): ``StaleResults`` when a result is not current, the store's error
+        when the transaction fails; nothing happens in either case."""
+        outcome, stored = await self._outputs.commit(results, outputs, dedup_window_ms)
+        self._after_apply(outcome)
+        return outcome, stored
 
     async def pull(
         self,

@@ -160,6 +160,7 @@ class OperatorCalls:
             self._notify_ready()
         logger.info("group=%s topic=%s replaying value=%r count=%d", self.name, topic, value, count)
         return count
+
     async def delete_dead_letters(
         self,
         topic: str | None,

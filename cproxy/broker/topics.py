@@ -158,6 +158,7 @@ class Topics:
             begin = min(max(wanted, s.min_offset), s.next_offset)
             out[q] = (begin, max(0, min(s.min_offset, s.next_offset) - wanted))
         return out
+
     async def browse(
         self,
         topic: str,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -294,6 +295,24 @@ class ClusterNode:
             await self._hand_over(queue, held, busy)
 
     async def _hand_over(self, queue: TidQid, held: Held, busy: int) -> None:
+        # Every group's progress writes wait meanwhile: an ack with outputs that committed
+        # between our snapshot and our write would be undone by it (the final progress
+        # would say its inputs are unfinished, and the new owner would deliver them again).
+        async with AsyncExitStack() as stack:
+            runners = list(self._broker.groups.values())
+            for runner in runners:
+                await stack.enter_async_context(runner.commit_lock)
+            for runner in runners:
+                if not await runner.resolve_outputs():
+                    logger.warning(
+                        "node=%s hand-over of topic=%s qid=%d waits: group=%s has a "
+                        "transaction whose outcome is not known yet",
+                        self.node_id, held.topic, held.qid, runner.name,
+                    )  # fmt: skip
+                    return
+            await self._hand_over_locked(queue, held, busy)
+
+    async def _hand_over_locked(self, queue: TidQid, held: Held, busy: int) -> None:
         batches: list[tuple[Any, CommitBatch]] = []
         for runner in list(self._broker.groups.values()):
             batch = runner.take_commit()

@@ -29,7 +29,12 @@ from cproxy.engine.deadlines import DeadlineHeap, earliest
 from cproxy.engine.expressions import Screen
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.operations import Operations
-from cproxy.engine.progress import snapshot
+from cproxy.engine.progress import (
+    parked_by_queue,
+    queue_progress,
+    snapshot,
+    stuck_waiting_by_queue,
+)
 from cproxy.engine.queue_set import QueueSet
 from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
@@ -41,6 +46,8 @@ from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRe
 # Final: see cproxy/_native.py.
 _IN_FLIGHT: Final = State.IN_FLIGHT
 _OUT: Final = State.OUT
+#: ``deadline_ms`` of a held delivery (``hold``): no ack-timeout heap item ever matches it.
+_HELD_DEADLINE: Final = -1
 
 
 class GroupEngine(Operations, QueueSet):
@@ -107,6 +114,9 @@ class GroupEngine(Operations, QueueSet):
         self._persisted: dict[QueueRef, QueueProgress] = {}
         #: Cluster mode: queues being released (see ``queue_set``); empty otherwise.
         self._paused: dict[QueueRef, list[Entry]] = {}
+        #: Deliveries set aside by ``hold`` while their results are persisted with outputs,
+        #: with the ack deadline each had.
+        self._held: dict[MessageRef, tuple[Entry, int]] = {}
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
@@ -324,6 +334,112 @@ class GroupEngine(Operations, QueueSet):
             earliest(self._timeouts.next_ms(), self._retries.next_ms()),
             earliest(self._seq.next_due_ms(), self._reader.next_rescan_ms()),
         )
+
+    # -- results persisted with outputs (exactly once, docs/guarantees.md) -------------------
+    def hold(self, results: Iterable[Result]) -> list[MessageRef]:
+        """Set aside the deliveries ``results`` answer while a transaction persists them.
+
+        All or nothing: when any result does not answer the current delivery of its message
+        (as for ``apply_results``), or answers a run member whose head is unfinished (its
+        ack could not be persisted before the head's), nothing changes and those refs are
+        returned. Otherwise (``[]``) the deliveries are held: they stay in flight for every
+        count, but do not time out, and no extend or other result reaches them until
+        ``settle_held`` applies the results or ``unhold`` puts the deliveries back.
+        """
+        found: list[tuple[MessageRef, Entry]] = []
+        stale: list[MessageRef] = []
+        seen: set[MessageRef] = set()
+        for result in results:
+            offsets = [*result.acks, *(offset for offset, _ in result.fails)]
+            for offset in offsets:
+                ref = (result.topic, result.qid, offset)
+                attempt = result.attempts.get(offset) if result.attempts else None
+                entry = self._current(ref, attempt)
+                chain = entry.chain if entry is not None else None
+                if entry is None or ref in seen or (chain is not None and chain.head is not entry):
+                    stale.append(ref)
+                    continue
+                seen.add(ref)
+                found.append((ref, entry))
+        if stale:
+            return stale
+        for ref, entry in found:
+            del self._in_flight[ref]
+            self._held[ref] = (entry, entry.deadline_ms)
+            entry.deadline_ms = _HELD_DEADLINE  # its ack-timeout heap item is now stale
+        return stale
+
+    def progress_after(self, results: Iterable[Result]) -> dict[QueueRef, QueueProgress]:
+        """The persisted progress of the queues ``results`` name, as it will be once their
+        acks apply (held deliveries, ``hold``): what the transaction writes."""
+        done: dict[QueueRef, set[int]] = {}
+        for result in results:
+            done.setdefault((result.topic, result.qid), set()).update(result.acks)
+        topics = {topic for topic, _ in done}
+        chains = [c for c in self._seq.chains() if c.topic in topics]
+        parked = parked_by_queue(chains)
+        waiting = stuck_waiting_by_queue(chains)
+        out: dict[QueueRef, QueueProgress] = {}
+        for ref, offsets in done.items():
+            cur = self._reader.cursor(ref[0], ref[1])
+            if cur is not None:
+                out[ref] = queue_progress(
+                    cur,
+                    self._tally,
+                    parked.get(ref, []),
+                    waiting.get(ref, {}),
+                    self._ceiling,  # never lower the reserved delivery numbers
+                    offsets,
+                )
+        return out
+
+    def held_redrives(self, results: Iterable[Result]) -> list[MessageRef]:
+        """The redriven dead letters that held ``results`` ack: finished with them, so the
+        transaction deletes their dead letters too (a crash must not redrive them again)."""
+        out: list[MessageRef] = []
+        for result in results:
+            for offset in result.acks:
+                ref = (result.topic, result.qid, offset)
+                held = self._held.get(ref)
+                if held is not None and held[0].redriven and not held[0].replay:
+                    out.append(ref)
+        return out
+
+    def settle_held(
+        self,
+        results: Sequence[Result],
+        now_ms: int,
+        persisted: Mapping[QueueRef, QueueProgress],
+    ) -> Outcome:
+        """The transaction of held ``results`` committed ``persisted``: apply them.
+
+        A held delivery an operator dropped meanwhile (seek) is not applied again."""
+        for result in results:
+            for offset in [*result.acks, *(offset for offset, _ in result.fails)]:
+                held = self._held.pop((result.topic, result.qid, offset), None)
+                if held is not None and held[0].state is _IN_FLIGHT:
+                    self._in_flight[(result.topic, result.qid, offset)] = held[0]
+        # What the store holds now: the next commit writes these queues only if they change.
+        self._persisted.update(persisted)
+        return self.apply_results(results, now_ms)
+
+    def unhold(self, results: Iterable[Result]) -> None:
+        """The transaction of held ``results`` failed: the deliveries are in flight again
+        with the ack deadlines they had (the next ``tick`` times out those now past)."""
+        for result in results:
+            for offset in [*result.acks, *(offset for offset, _ in result.fails)]:
+                ref = (result.topic, result.qid, offset)
+                held = self._held.pop(ref, None)
+                if held is None or held[0].state is not _IN_FLIGHT:
+                    continue
+                entry, deadline_ms = held
+                entry.deadline_ms = deadline_ms
+                self._in_flight[ref] = entry
+                self._timeouts.push(deadline_ms, entry)
+
+    def held_on(self, topic: str, qid: int) -> int:
+        """Deliveries of the queue held for a transaction (``hold``)."""
+        return sum(1 for t, q, _ in self._held if t == topic and q == qid)
 
     # -- the verbs of a delivery's end ---------------------------------------------------------
     def _on_success(self, entry: Entry) -> None:

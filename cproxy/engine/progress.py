@@ -15,7 +15,7 @@ messages released from memory add a few offset segments (``cproxy.engine.delays`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import QueueCursor
@@ -87,9 +87,13 @@ def queue_progress(
     parked: list[tuple[str, int]],
     stuck_waiting: dict[str, list[int]],
     attempt_ceiling: int = 0,
+    done: Collection[int] = (),
 ) -> QueueProgress:
-    """The persisted form of one queue's progress."""
+    """The persisted form of one queue's progress; ``done``: held offsets to count as
+    finished (results about to be applied, ``GroupEngine.progress_after``)."""
     held = tally.held_offsets(cur.topic, cur.qid)
+    if done:
+        held = held - set(done)
     firsts: dict[str, int] = {}
     for value, offset in [*parked, *cur.scan_pairs()]:
         firsts[value] = min(offset, firsts.get(value, offset))

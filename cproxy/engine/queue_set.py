@@ -43,6 +43,9 @@ class QueueSet:
     def seek(self, topic: str, targets: Mapping[int, int]) -> None:
         raise NotImplementedError
 
+    def held_on(self, topic: str, qid: int) -> int:
+        raise NotImplementedError
+
     def serves(self, topic: str, qid: int) -> bool:
         """Whether the queue is part of this engine (paused or not)."""
         return self._reader.cursor(topic, qid) is not None
@@ -83,8 +86,9 @@ class QueueSet:
         return True
 
     def in_flight_on(self, topic: str, qid: int) -> int:
-        """Messages of the queue handed out and not yet answered."""
-        return sum(1 for t, q, _ in self._in_flight if t == topic and q == qid)
+        """Messages of the queue handed out and not yet answered (held ones included)."""
+        in_flight = sum(1 for t, q, _ in self._in_flight if t == topic and q == qid)
+        return in_flight + self.held_on(topic, qid)
 
     def queue_progress(self, topic: str, qid: int) -> QueueProgress | None:
         """The queue's progress in its persisted form; None when it is not served."""

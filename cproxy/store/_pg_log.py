@@ -208,51 +208,60 @@ class PgLog(PgBase):
         dedup_window_ms: int,
     ) -> list[AppendResult]:
         async with self._conn() as conn:
-            tid, queues = await self._topic(conn, topic)
-            qids = message_qids(topic, messages, queues)
-            if not messages:
-                return []
-            dedup = dedup_window_ms > 0
-            ids = sorted({m.id for m in messages if m.id is not None}) if dedup else []
             async with conn.transaction():
-                known: dict[str, Stored] = {}
-                if ids:
-                    keys = sorted({id_lock_key(i) for i in ids})
-                    await conn.execute(LOCK_IDS, tid, keys)
-                    for msg_id, qid, off, ts in await conn.fetch(
-                        "SELECT id, qid, off, produced_at_ms FROM dedup"
-                        " WHERE tid = $1 AND id = ANY($2::text[])",
-                        tid,
-                        ids,
-                    ):
-                        if dedup_live(ts, now_ms, dedup_window_ms):
-                            known[msg_id] = (qid, off, ts)
-                # Lock only the queues that get a new message, in qid order.
-                touched = sorted(
-                    {q for q, m in zip(qids, messages, strict=True) if m.id not in known}
+                results, added = await self.append_within(
+                    conn, topic, messages, now_ms, dedup_window_ms
                 )
-                tails = {
-                    qid: (nxt, last)
-                    for qid, nxt, last in await conn.fetch(LOCK_QUEUES, tid, touched)
-                }
-                out = plan(topic, tid, messages, qids, now_ms, dedup, known, tails.__getitem__)
-                if out.stored:
-                    # One row per queue of this call (record batches, ``_records``).
-                    await conn.execute(
-                        INSERT_BATCHES, tid, *columns([batch(ms) for ms in out.stored.values()])
-                    )
-                    tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
-                    await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
-                    if self.notify_appends:
-                        # Delivered at COMMIT, never for a rolled-back append.
-                        await conn.execute(
-                            NOTIFY_APPEND, [f"{topic}:{q}:{n}" for q, n, _ in tails_now]
-                        )
-                if out.dedup_rows:
-                    await conn.execute(INSERT_DEDUP, tid, *columns(out.dedup_rows)[1:])
-            if out.dedup_rows:
-                await self._maybe_prune(conn, len(out.dedup_rows), now_ms, dedup_window_ms)
-        return out.results
+            if added:
+                await self._maybe_prune(conn, added, now_ms, dedup_window_ms)
+        return results
+
+    async def append_within(
+        self,
+        conn: Conn,
+        topic: str,
+        messages: Sequence[NewMessage],
+        now_ms: int,
+        dedup_window_ms: int,
+    ) -> tuple[list[AppendResult], int]:
+        """``append`` inside a transaction the caller holds on ``conn`` (an ack with
+        outputs stores them with the group's progress); also returns how many dedup entries
+        it added (the caller prunes after the commit, ``_maybe_prune``)."""
+        tid, queues = await self._topic(conn, topic)
+        qids = message_qids(topic, messages, queues)
+        if not messages:
+            return [], 0
+        dedup = dedup_window_ms > 0
+        ids = sorted({m.id for m in messages if m.id is not None}) if dedup else []
+        known: dict[str, Stored] = {}
+        if ids:
+            keys = sorted({id_lock_key(i) for i in ids})
+            await conn.execute(LOCK_IDS, tid, keys)
+            for msg_id, qid, off, ts in await conn.fetch(
+                "SELECT id, qid, off, produced_at_ms FROM dedup"
+                " WHERE tid = $1 AND id = ANY($2::text[])",
+                tid,
+                ids,
+            ):
+                if dedup_live(ts, now_ms, dedup_window_ms):
+                    known[msg_id] = (qid, off, ts)
+        # Lock only the queues that get a new message, in qid order.
+        touched = sorted({q for q, m in zip(qids, messages, strict=True) if m.id not in known})
+        tails = {qid: (nxt, last) for qid, nxt, last in await conn.fetch(LOCK_QUEUES, tid, touched)}
+        out = plan(topic, tid, messages, qids, now_ms, dedup, known, tails.__getitem__)
+        if out.stored:
+            # One row per queue of this call (record batches, ``_records``).
+            await conn.execute(
+                INSERT_BATCHES, tid, *columns([batch(ms) for ms in out.stored.values()])
+            )
+            tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
+            await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
+            if self.notify_appends:
+                # Delivered at COMMIT, never for a rolled-back append.
+                await conn.execute(NOTIFY_APPEND, [f"{topic}:{q}:{n}" for q, n, _ in tails_now])
+        if out.dedup_rows:
+            await conn.execute(INSERT_DEDUP, tid, *columns(out.dedup_rows)[1:])
+        return out.results, len(out.dedup_rows)
 
     async def _maybe_prune(self, conn: Conn, added: int, now_ms: int, window_ms: int) -> None:
         # Hints only: another proxy prunes on its own count, which at worst prunes sooner.

@@ -48,7 +48,12 @@ Rules of the group state (``GroupStateStore``):
 - Progress and dead letters name topics of the log: an unknown one makes ``commit`` raise
   ``TopicNotFound`` and write nothing.
 
-Rules of both:
+Rules of both (``Store``):
+
+- ``commit_with_outputs`` appends messages to topics (each output as ``append`` would: its
+  own dedup, placement checks and offsets) and writes a group's progress (as ``commit``
+  would, fenced alike) in ONE transaction: all of it is durable when it returns, or nothing
+  is written and it raises. This is the ack with ``produce`` (guarantee 10).
 
 - Unknown topics raise ``TopicNotFound`` (a ``topic`` filter on dead letters just matches
   nothing); a qid outside the topic raises ``InvalidRequest``.
@@ -211,3 +216,19 @@ class GroupStateStore(Lifecycle, Protocol):
 
 class Store(MessageLog, GroupStateStore, Protocol):
     """A log and the group state in one place: what the broker drives."""
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> list[list[AppendResult]]:
+        """Append each output ``(topic, messages)`` and persist ``progress`` (and finished
+        redrives, as ``commit`` does) in one transaction (see the module rules); the append
+        results of each output, in order.
+        Raises ``TopicNotFound``/``InvalidRequest`` as ``append`` and ``commit`` do, and
+        ``QueueNotOwned`` when a fenced queue of ``progress`` was lost; nothing is written
+        then."""

@@ -260,6 +260,26 @@ class MemoryStore:
         for dl in dead_letters:
             dead[dl.message.ref] = dl if dl.group == group else dataclasses.replace(dl, group=group)
 
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> list[list[AppendResult]]:
+        self._check_open()
+        # Validate everything first: after that neither the appends nor the commit can fail,
+        # and nothing awaits in between, so the whole call is one step.
+        for topic, messages in outputs:
+            message_qids(topic, messages, len(self._topic(topic).queues))
+        for topic, _ in progress:
+            self._topic(topic)
+        results = [await self.append(t, ms, now_ms, dedup_window_ms) for t, ms in outputs]
+        await self.commit(group, progress, (), redrive_done)
+        return results
+
     # -- dead letters --------------------------------------------------------------------------
     def _sorted_dead(self, group: str, topic: str | None, redriving: bool) -> list[DeadLetter]:
         self._check_open()

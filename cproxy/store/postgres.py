@@ -55,6 +55,9 @@ Layout: ``_pg_base`` (settings, pool, topic cache, error translation), ``_pg_log
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
+from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store._pg_groups import PgGroupState
 from cproxy.store._pg_log import PgLog
 
@@ -64,3 +67,31 @@ __all__ = ["PostgresStore"]
 class PostgresStore(PgLog, PgGroupState):
     """The PostgreSQL ``Store``: both halves over one pool (see ``_pg_base.PgBase`` for the
     constructor's settings). Usable between ``open()`` and ``close()``."""
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> list[list[AppendResult]]:
+        # Outputs in topic order: every appender then takes its locks in one global order
+        # (topic, then ids, then qids; see the module docstring), so none can deadlock.
+        order = sorted(range(len(outputs)), key=lambda i: outputs[i][0])
+        results: list[list[AppendResult]] = [[] for _ in outputs]
+        added = 0
+        async with self._conn() as conn:
+            async with conn.transaction():
+                for i in order:
+                    topic, messages = outputs[i]
+                    results[i], n = await self.append_within(
+                        conn, topic, messages, now_ms, dedup_window_ms
+                    )
+                    added += n
+                # Fenced: a proxy that lost an input queue writes nothing (QueueNotOwned).
+                await self.commit_within(conn, group, progress, (), redrive_done)
+            if added:
+                await self._maybe_prune(conn, added, now_ms, dedup_window_ms)
+        return results

@@ -76,6 +76,11 @@ _PENDING = "pending record batches"
 #: most this many messages: bigger rows would make a read from their middle decode more.
 MERGE_MAX = 128
 
+_DELETE_DEAD_LETTER = "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?"
+_UPSERT_PROGRESS = (
+    "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished) VALUES (?, ?, ?, ?, ?)"
+)
+
 
 class SqliteStore(SqliteTopics):
     """The SQLite ``Store``. See the module docstring for durability and concurrency; topics
@@ -260,23 +265,12 @@ class SqliteStore(SqliteTopics):
         dead_rows = [
             dead_letter_row(group, self._topic(dl.message.topic)[0], dl) for dl in dead_letters
         ]
-        done_rows = [
-            (group, self._topics[topic][0], qid, off)
-            for topic, qid, off in redrive_done
-            if topic in self._topics
-        ]
+        done_rows = self._redrive_rows(group, redrive_done)
 
         def run(conn: sqlite3.Connection) -> None:
-            conn.executemany(
-                "INSERT OR REPLACE INTO progress (grp, tid, qid, committed, finished)"
-                " VALUES (?, ?, ?, ?, ?)",
-                progress_rows,
-            )
+            conn.executemany(_UPSERT_PROGRESS, progress_rows)
             # Deletes go first so a redriven message that was dead-lettered again stays dead.
-            conn.executemany(
-                "DELETE FROM dead_letters WHERE grp = ? AND tid = ? AND qid = ? AND off = ?",
-                done_rows,
-            )
+            conn.executemany(_DELETE_DEAD_LETTER, done_rows)
             conn.executemany(
                 "INSERT OR REPLACE INTO dead_letters (grp, tid, qid, off, key, id, headers, body,"
                 " produced_at_ms, attempts, last_error, dead_lettered_at_ms, redriving)"
@@ -286,6 +280,64 @@ class SqliteStore(SqliteTopics):
 
         # Progress rows touch no message rows: appends before and after it still share rows.
         await self._db.write(run, mergeable=True)
+
+    def _redrive_rows(
+        self, group: str, redrive_done: Sequence[MessageRef]
+    ) -> list[tuple[str, int, int, int]]:
+        # A topic that is gone has no dead letters left.
+        return [
+            (group, self._topics[topic][0], qid, off)
+            for topic, qid, off in redrive_done
+            if topic in self._topics
+        ]
+
+    async def commit_with_outputs(
+        self,
+        group: str,
+        progress: Mapping[QueueRef, QueueProgress],
+        outputs: Sequence[tuple[str, Sequence[NewMessage]]],
+        now_ms: int,
+        dedup_window_ms: int,
+        redrive_done: Sequence[MessageRef] = (),
+    ) -> list[list[AppendResult]]:
+        # One append per topic: appends of one write do not see each other's staged offsets
+        # (``_append_tx`` stages them when the write succeeds), so outputs to the same topic
+        # go as one append, and their results are split again afterwards.
+        by_topic: dict[str, list[NewMessage]] = {}
+        for topic, messages in outputs:
+            by_topic.setdefault(topic, []).extend(messages)
+        # Resolve everything first: an unknown topic or qid raises before the transaction.
+        appends = []
+        for topic, messages in by_topic.items():
+            tid, queues = self._topic(topic)
+            qids = message_qids(topic, messages, queues)
+            appends.append((topic, tid, messages, qids))
+        progress_rows = [
+            (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
+            for (topic, qid), p in progress.items()
+        ]
+        done_rows = self._redrive_rows(group, redrive_done)
+
+        def run(conn: sqlite3.Connection) -> dict[str, list[AppendResult]]:
+            stored = {
+                topic: self._append_tx(topic, tid, ms, qids, now_ms, dedup_window_ms, conn)
+                for topic, tid, ms, qids in appends
+                if ms
+            }
+            conn.executemany(_UPSERT_PROGRESS, progress_rows)
+            conn.executemany(_DELETE_DEAD_LETTER, done_rows)
+            return stored
+
+        stored = await self._db.write(
+            run, weight=max(1, sum(len(ms) for _, ms in outputs)), mergeable=True
+        )
+        taken: dict[str, int] = {}
+        results: list[list[AppendResult]] = []
+        for topic, messages in outputs:
+            start = taken.get(topic, 0)
+            taken[topic] = start + len(messages)
+            results.append(stored.get(topic, [])[start : start + len(messages)])
+        return results
 
     # -- dead letters --------------------------------------------------------------------------
     def _dead_filter(self, topic: str | None) -> int | None:

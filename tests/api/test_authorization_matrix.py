@@ -32,9 +32,18 @@ TOKENS: dict[str, Token] = {
     "cons_ag": Token(
         "m-cons-ag-0", "consumer", topics=frozenset({"a"}), groups=frozenset({"g"}), name="cons_ag"
     ),
+    # A pipeline worker: consumes group g and produces, within topic a (several roles).
+    "pipe_ag": Token(
+        "m-pipe-ag-0",
+        "consumer",
+        topics=frozenset({"a"}),
+        groups=frozenset({"g"}),
+        name="pipe_ag",
+        roles=frozenset({"consumer", "producer"}),
+    ),
 }
 #: Tokens whose topic scope leaves out b: nothing of b may come back to them.
-WITHOUT_B = ("prod_a", "cons_a", "cons_ag")
+WITHOUT_B = ("prod_a", "cons_a", "cons_ag", "pipe_ag")
 
 G_CONFIG = {"topics": {"a": {"order_by": "key"}}, "max_attempts": 1}
 H_CONFIG = {
@@ -46,6 +55,12 @@ NOPE = {"order_value": "no-such-key"}
 UNKNOWN_REF = {"topic": "a", "qid": 0, "offset": 999_999}
 UNKNOWN_REF_B = {"topic": "b", "qid": 0, "offset": 999_999}
 UNKNOWN_ACK = {"topic": "a", "qid": 0, "acks": [999_999]}
+#: An ack with outputs naming no current delivery: refused (409 stale_results), stores nothing.
+STALE_FENCED = {"topic": "a", "qid": 0, "acks": [{"offset": 999_999, "attempt": 1}]}
+
+
+def _with_outputs(topic: str) -> dict[str, Any]:
+    return {"results": [STALE_FENCED], "produce": [{"topic": topic, "messages": [{"body": 1}]}]}
 
 
 def _calls() -> dict[str, tuple[str, str, Any]]:
@@ -77,6 +92,8 @@ def _calls() -> dict[str, tuple[str, str, Any]]:
             f"{group}-pull": ("POST", f"{base}/pull", {"wait_ms": 0, "max_messages": 100}),
             f"{group}-pull-b": ("POST", f"{base}/pull", {"wait_ms": 0, "topics": ["b"]}),
             f"{group}-ack": ("POST", f"{base}/ack", {"results": [UNKNOWN_ACK]}),
+            f"{group}-ack-out-a": ("POST", f"{base}/ack", _with_outputs("a")),
+            f"{group}-ack-out-b": ("POST", f"{base}/ack", _with_outputs("b")),
             f"{group}-extend": ("POST", f"{base}/extend", {"messages": [UNKNOWN_REF]}),
             f"{group}-seek-a": ("POST", f"{base}/seek", {"topic": "a", "to": "latest"}),
             f"{group}-seek-b": ("POST", f"{base}/seek", {"topic": "b", "to": "latest"}),
@@ -114,63 +131,67 @@ CALLS = _calls()
 # "bad" an unknown token. The calls leave the fixture's story intact: creates are idempotent,
 # puts repeat the config, unknown names and refs change nothing, skip/release name no key.
 TABLE = """
-call                 none bad admin prod prod_a cons cons_a cons_g cons_ag
-topics-list          401  401 200   200  200    200  200    200    200
-topic-create-a       401  401 200   200  200    403  403    403    403
-topic-create-b       401  401 200   200  403    403  403    403    403
-topic-get-a          401  401 200   200  200    200  200    200    200
-topic-get-b          401  401 200   200  403    200  403    200    403
-topic-patch-a        401  401 200   200  200    403  403    403    403
-topic-patch-b        401  401 200   200  403    403  403    403    403
-topic-delete-b       401  401 409   403  403    403  403    403    403
-topic-delete-zz      401  401 404   403  403    403  403    403    403
-produce-a            401  401 200   200  200    403  403    403    403
-produce-b            401  401 200   200  403    403  403    403    403
-browse-a             401  401 200   200  200    200  200    200    200
-browse-b             401  401 200   200  403    200  403    200    403
-groups-list          401  401 200   200  200    200  200    200    200
-group-delete-zz      401  401 404   403  403    403  403    403    403
-group-get-zz         401  401 404   403  403    404  404    403    403
-group-put-g          401  401 200   403  403    200  200    200    200
-group-put-h          401  401 200   403  403    200  403    403    403
-g-get                401  401 200   403  403    200  200    200    200
-g-pull               401  401 200   403  403    200  200    200    200
-g-pull-b             401  401 422   403  403    422  403    422    403
-g-ack                401  401 200   403  403    200  200    200    200
-g-extend             401  401 200   403  403    200  200    200    200
-g-seek-a             401  401 200   403  403    200  200    200    200
-g-seek-b             401  401 422   403  403    422  403    422    403
-g-dead-letters       401  401 200   403  403    200  200    200    200
-g-dead-letters-b     401  401 200   403  403    200  403    200    403
-g-redrive-a          401  401 200   403  403    200  200    200    200
-g-redrive-b          401  401 200   403  403    200  403    200    403
-g-redrive-one-b      401  401 200   403  403    200  403    200    403
-g-delete-dead-a      401  401 200   403  403    200  200    200    200
-g-delete-dead-b      401  401 200   403  403    200  403    200    403
-g-blocked-keys       401  401 200   403  403    200  200    200    200
-g-blocked-keys-b     401  401 200   403  403    200  403    200    403
-g-skip-a             401  401 404   403  403    404  404    404    404
-g-skip-b             401  401 404   403  403    404  403    404    403
-g-release-b          401  401 404   403  403    404  403    404    403
-h-get                401  401 200   403  403    200  403    403    403
-h-pull               401  401 200   403  403    200  403    403    403
-h-pull-b             401  401 200   403  403    200  403    403    403
-h-ack                401  401 200   403  403    200  403    403    403
-h-extend             401  401 200   403  403    200  403    403    403
-h-seek-a             401  401 200   403  403    200  403    403    403
-h-seek-b             401  401 200   403  403    200  403    403    403
-h-dead-letters       401  401 200   403  403    200  403    403    403
-h-dead-letters-b     401  401 200   403  403    200  403    403    403
-h-redrive-a          401  401 200   403  403    200  403    403    403
-h-redrive-b          401  401 200   403  403    200  403    403    403
-h-redrive-one-b      401  401 200   403  403    200  403    403    403
-h-delete-dead-a      401  401 200   403  403    200  403    403    403
-h-delete-dead-b      401  401 200   403  403    200  403    403    403
-h-blocked-keys       401  401 200   403  403    200  403    403    403
-h-blocked-keys-b     401  401 200   403  403    200  403    403    403
-h-skip-a             401  401 404   403  403    404  403    403    403
-h-skip-b             401  401 404   403  403    404  403    403    403
-h-release-b          401  401 404   403  403    404  403    403    403
+call                 none bad admin prod prod_a cons cons_a cons_g cons_ag pipe_ag
+topics-list          401  401 200   200  200    200  200    200    200     200
+topic-create-a       401  401 200   200  200    403  403    403    403     200
+topic-create-b       401  401 200   200  403    403  403    403    403     403
+topic-get-a          401  401 200   200  200    200  200    200    200     200
+topic-get-b          401  401 200   200  403    200  403    200    403     403
+topic-patch-a        401  401 200   200  200    403  403    403    403     200
+topic-patch-b        401  401 200   200  403    403  403    403    403     403
+topic-delete-b       401  401 409   403  403    403  403    403    403     403
+topic-delete-zz      401  401 404   403  403    403  403    403    403     403
+produce-a            401  401 200   200  200    403  403    403    403     200
+produce-b            401  401 200   200  403    403  403    403    403     403
+browse-a             401  401 200   200  200    200  200    200    200     200
+browse-b             401  401 200   200  403    200  403    200    403     403
+groups-list          401  401 200   200  200    200  200    200    200     200
+group-delete-zz      401  401 404   403  403    403  403    403    403     403
+group-get-zz         401  401 404   403  403    404  404    403    403     403
+group-put-g          401  401 200   403  403    200  200    200    200     200
+group-put-h          401  401 200   403  403    200  403    403    403     403
+g-get                401  401 200   403  403    200  200    200    200     200
+g-pull               401  401 200   403  403    200  200    200    200     200
+g-pull-b             401  401 422   403  403    422  403    422    403     403
+g-ack                401  401 200   403  403    200  200    200    200     200
+g-ack-out-a          401  401 409   403  403    403  403    403    403     409
+g-ack-out-b          401  401 409   403  403    403  403    403    403     403
+g-extend             401  401 200   403  403    200  200    200    200     200
+g-seek-a             401  401 200   403  403    200  200    200    200     200
+g-seek-b             401  401 422   403  403    422  403    422    403     403
+g-dead-letters       401  401 200   403  403    200  200    200    200     200
+g-dead-letters-b     401  401 200   403  403    200  403    200    403     403
+g-redrive-a          401  401 200   403  403    200  200    200    200     200
+g-redrive-b          401  401 200   403  403    200  403    200    403     403
+g-redrive-one-b      401  401 200   403  403    200  403    200    403     403
+g-delete-dead-a      401  401 200   403  403    200  200    200    200     200
+g-delete-dead-b      401  401 200   403  403    200  403    200    403     403
+g-blocked-keys       401  401 200   403  403    200  200    200    200     200
+g-blocked-keys-b     401  401 200   403  403    200  403    200    403     403
+g-skip-a             401  401 404   403  403    404  404    404    404     404
+g-skip-b             401  401 404   403  403    404  403    404    403     403
+g-release-b          401  401 404   403  403    404  403    404    403     403
+h-get                401  401 200   403  403    200  403    403    403     403
+h-pull               401  401 200   403  403    200  403    403    403     403
+h-pull-b             401  401 200   403  403    200  403    403    403     403
+h-ack                401  401 200   403  403    200  403    403    403     403
+h-ack-out-a          401  401 409   403  403    403  403    403    403     403
+h-ack-out-b          401  401 409   403  403    403  403    403    403     403
+h-extend             401  401 200   403  403    200  403    403    403     403
+h-seek-a             401  401 200   403  403    200  403    403    403     403
+h-seek-b             401  401 200   403  403    200  403    403    403     403
+h-dead-letters       401  401 200   403  403    200  403    403    403     403
+h-dead-letters-b     401  401 200   403  403    200  403    403    403     403
+h-redrive-a          401  401 200   403  403    200  403    403    403     403
+h-redrive-b          401  401 200   403  403    200  403    403    403     403
+h-redrive-one-b      401  401 200   403  403    200  403    403    403     403
+h-delete-dead-a      401  401 200   403  403    200  403    403    403     403
+h-delete-dead-b      401  401 200   403  403    200  403    403    403     403
+h-blocked-keys       401  401 200   403  403    200  403    403    403     403
+h-blocked-keys-b     401  401 200   403  403    200  403    403    403     403
+h-skip-a             401  401 404   403  403    404  403    403    403     403
+h-skip-b             401  401 404   403  403    404  403    403    403     403
+h-release-b          401  401 404   403  403    404  403    403    403     403
 """
 
 

@@ -14,7 +14,7 @@ from cproxy.cluster import membership, ownership
 from cproxy.cluster.fencing import Fence
 from cproxy.cluster.schema import ensure_cluster_schema
 from cproxy.errors import QueueNotOwned
-from cproxy.model import DeadLetter, Message, QueueProgress
+from cproxy.model import DeadLetter, Message, NewMessage, QueueProgress
 from cproxy.store.postgres import PostgresStore
 from tests.cluster.conftest import StoreFactory
 
@@ -185,3 +185,21 @@ async def test_a_store_without_a_fence_commits_anything(stores: StoreFactory) ->
     assert store.fence is None
     await store.commit("billing", {("rides", 3): QueueProgress(2)})
     assert (await store.load_progress("billing"))[("rides", 3)].committed == 2
+
+
+async def test_outputs_with_progress_are_fenced_by_the_input_queues(stores: StoreFactory) -> None:
+    a = await cluster_store(stores)
+    a.fence = Fence("a")
+    q0 = await tid_of(a, 0)
+    await a.create_topic("out", 1)
+    async with a.connection() as conn:
+        a.fence.epochs[q0] = await ownership.claim(conn, "a", q0, 60_000, 0) or 0
+    out = [("out", [NewMessage("k", b"1", qid=0)])]
+    stored = await a.commit_with_outputs("billing", {("rides", 0): QueueProgress(3)}, out, 1, 0)
+    assert [(r.qid, r.offset) for r in stored[0]] == [(0, 0)]
+    # Queue 1 was never claimed by "a": neither its progress nor the outputs are written.
+    with pytest.raises(QueueNotOwned) as lost:
+        await a.commit_with_outputs("billing", {("rides", 1): QueueProgress(5)}, out, 2, 0)
+    assert lost.value.refs == [("rides", 1)]
+    assert [s.next_offset for s in await a.queue_stats("out")] == [1]
+    assert ("rides", 1) not in await a.load_progress("billing")

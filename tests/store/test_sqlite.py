@@ -207,6 +207,27 @@ async def test_failed_transaction_stores_nothing_and_keeps_caches(store: SqliteS
     assert [m.produced_at_ms for m in await store.read("t", 0, 0, 10)] == [T0, T0]
 
 
+async def test_failed_commit_with_outputs_writes_neither(store: SqliteStore) -> None:
+    await store.create_topic("in", 1)
+    await store.create_topic("out", 1)
+    await store.commit("g", {("in", 0): QueueProgress(1)})
+    refuse_rows_with(store.path)
+    with pytest.raises(StoreError, match="injected failure"):
+        await store.commit_with_outputs(
+            "g",
+            {("in", 0): QueueProgress(2)},
+            [("out", [NewMessage(None, b"1", id="a", qid=0), NewMessage(None, b"!", qid=0)])],
+            T0,
+            WINDOW,
+        )
+    assert await store.load_progress("g") == {("in", 0): QueueProgress(1)}
+    assert [s.next_offset for s in await store.queue_stats("out")] == [0]
+    results = await store.commit_with_outputs(
+        "g", {}, [("out", [NewMessage(None, b"2", id="a", qid=0)])], T0, WINDOW
+    )
+    assert results == [[AppendResult(0, 0)]]
+
+
 async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
     await store.create_topic("t", 1)
     await store.append("t", [NewMessage(None, b"0", qid=0)], T0, 0)

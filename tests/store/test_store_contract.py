@@ -451,6 +451,83 @@ async def test_delete_group(store: Store) -> None:
     await store.delete_group("never-existed")
 
 
+# -- outputs with progress (the ack with produce) ---------------------------------------------
+
+
+async def test_commit_with_outputs_appends_and_writes_progress(store: Store) -> None:
+    await store.create_topic("in", 1)
+    await store.create_topic("out", 2)
+    await store.create_topic("audit", 1)
+    progress = {("in", 0): QueueProgress(3, read_to=5, open=((4, 5),))}
+    results = await store.commit_with_outputs(
+        "g",
+        progress,
+        [
+            ("out", [new(1, b"1", key="k"), new(0, b"2", id="x")]),
+            ("audit", [new(0, b"3")]),
+            ("out", [new(1, b"4"), new(0, b"5", id="x")]),
+        ],
+        T0,
+        WINDOW,
+    )
+    assert [[(r.qid, r.offset, r.duplicate) for r in rs] for rs in results] == [
+        [(1, 0, False), (0, 0, False)],
+        [(0, 0, False)],
+        [(1, 1, False), (0, 0, True)],  # the same id again: a duplicate, as in one append
+    ]
+    assert await store.load_progress("g") == progress
+    assert [m.body_json for m in await store.read("out", 1, 0, 10)] == [b"1", b"4"]
+    assert [m.body_json for m in await store.read("out", 0, 0, 10)] == [b"2"]
+    assert [m.body_json for m in await store.read("audit", 0, 0, 10)] == [b"3"]
+    # Dedup reaches across calls, as for append.
+    again = await store.commit_with_outputs(
+        "g", progress, [("out", [new(1, b"other", id="x")])], T0 + 1, WINDOW
+    )
+    assert [(r.qid, r.offset, r.duplicate) for r in again[0]] == [(0, 0, True)]
+    assert await next_offsets(store, "out") == [1, 2]
+
+
+async def test_commit_with_outputs_without_outputs_writes_progress(store: Store) -> None:
+    await store.create_topic("in", 1)
+    assert await store.commit_with_outputs("g", {("in", 0): QueueProgress(2)}, [], T0, 0) == []
+    assert await store.load_progress("g") == {("in", 0): QueueProgress(2)}
+
+
+async def test_commit_with_outputs_finishes_redrives(store: Store) -> None:
+    messages = await _dead_lettered(store)
+    await store.create_topic("out", 1)
+    await store.commit("g", {}, [dead(m) for m in messages[:2]])
+    redriving = await store.start_redrive("g", "b")
+    assert len(redriving) == 2
+    done = redriving[0].message.ref
+    await store.commit_with_outputs(
+        "g", {("b", 1): QueueProgress(1)}, [("out", [new(0)])], T0, 0, [done]
+    )
+    assert [d.message.ref for d in await store.load_redriving("g")] == [redriving[1].message.ref]
+
+
+@pytest.mark.parametrize("broken", ["output topic", "output qid", "progress topic"])
+async def test_commit_with_outputs_is_all_or_nothing(store: Store, broken: str) -> None:
+    await store.create_topic("in", 1)
+    await store.create_topic("out", 1)
+    await store.commit("g", {("in", 0): QueueProgress(1)})
+    outputs: list[tuple[str, list[NewMessage]]] = [("out", [new(0, b"1")])]
+    progress = {("in", 0): QueueProgress(2)}
+    if broken == "output topic":
+        outputs.append(("nope", [new(0)]))
+    elif broken == "output qid":
+        outputs.append(("out", [new(5)]))
+    else:
+        progress[("nope", 0)] = QueueProgress(1)
+    with pytest.raises((TopicNotFound, InvalidRequest)):
+        await store.commit_with_outputs("g", progress, outputs, T0, WINDOW)
+    assert await store.load_progress("g") == {("in", 0): QueueProgress(1)}
+    assert await next_offsets(store, "out") == [0]
+    # Nothing of the failed call counts for dedup or offsets afterwards.
+    results = await store.commit_with_outputs("g", {}, [("out", [new(0, b"2")])], T0, WINDOW)
+    assert [(r.offset, r.duplicate) for r in results[0]] == [(0, False)]
+
+
 # -- lifecycle -------------------------------------------------------------------------------
 
 

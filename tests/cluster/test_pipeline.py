@@ -1,0 +1,104 @@
+"""Acceptance: the pipeline ``in -> out`` of ``tests/test_pipeline_kill.py`` over two proxies
+on one PostgreSQL, with hand-overs while it runs (guarantee 10 with the cluster's fencing).
+
+Four SDK consumers pull from both proxies and return ``Produce`` from their handler; a stale
+worker acks with outputs after sleeping past the ack timeout. Mid-run p1 leaves (SIGTERM: its
+queues are handed over to p0) and later joins again (some are handed back). In the end
+every input is finished and "out" holds exactly one output per input, in input order per key.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+import httpx
+import pytest
+
+from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
+from tests.cluster.conftest import ProxyFactory
+from tests.cluster.proxies import Proxy
+from tests.pipeline import GROUP, StaleWorker, check_outputs, inputs, read_all, transform
+from tests.support import wait_until
+
+pytestmark = pytest.mark.slow
+
+INPUTS = 800
+
+
+def lag_free(members: list[Proxy]) -> bool:
+    """Every queue of "in" served by a live proxy that reports no lag and nothing in flight."""
+    seen: dict[int, int] = {}
+    for p in members:
+        if p.proc is None or p.proc.poll() is not None:
+            continue
+        try:
+            stats = httpx.get(f"{p.url}/v1/groups/pipe", timeout=5).json()["stats"]
+        except httpx.HTTPError:
+            return False
+        if stats["in_flight"]:
+            return False
+        seen.update({q["qid"]: q["lag"] for q in stats["queues"] if q["topic"] == "in"})
+    return sorted(seen) == [0, 1, 2, 3] and not any(seen.values())
+
+
+def owns_some(proxy: Proxy) -> bool:
+    try:
+        return any(
+            q["owner"] == proxy.node_id and q["topic"] == "in" for q in proxy.cluster()["queues"]
+        )
+    except httpx.HTTPError:
+        return False
+
+
+def test_pipeline_over_two_proxies_with_hand_overs(proxies: ProxyFactory) -> None:
+    p0, p1 = proxies("p0", "p1")
+    with Client(p0.url) as client:
+        client.create_topic("in", 4)
+        client.create_topic("out", 2)
+        client.put_group("pipe", GROUP)
+        batch = inputs(INPUTS)
+        for start in range(0, INPUTS, 400):
+            client.produce("in", batch[start : start + 400])
+    wait_until(lambda: owns_some(p0) and owns_some(p1), 30, 0.05, "queues on both proxies")
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(msg: Message) -> Produce:
+        with lock:
+            handled.append(msg.body["n"])
+        return transform(msg)
+
+    workers = [
+        Consumer(
+            [p0.url, p1.url],
+            group="pipe",
+            handler=handle,
+            concurrency=2,
+            wait_ms=200,
+            request_timeout_ms=5000,
+            retry=RetryPolicy(max_attempts=6, initial_backoff_ms=100, max_backoff_ms=1000),
+        )
+        for _ in range(4)
+    ]
+    stop = threading.Event()
+    stale = StaleWorker(lambda: p0.url, stop)
+    for w in workers:
+        w.start()
+    stale.start()
+    try:
+        wait_until(lambda: len(handled) >= INPUTS // 4, 60, message="a quarter handled")
+        p1.signal(signal.SIGTERM)  # its queues are handed over to p0
+        assert p1.wait(60) in (0, -signal.SIGTERM), p1.log()
+        wait_until(lambda: len(handled) >= INPUTS // 2, 60, message="half handled")
+        p1.start()  # joins again: some queues are handed back to it
+        wait_until(lambda: owns_some(p1), 30, 0.05, "p1 owning queues again")
+        wait_until(lambda: lag_free([p0, p1]), 120, 0.2, "every input finished")
+    finally:
+        stop.set()
+        for w in workers:
+            w.stop()
+        stale.join(15)
+    assert "handed over" in p1.log() or "handed over" in p0.log()
+    assert stale.refused > 0, "the stale worker was never refused"
+    check_outputs(read_all(p0.url, "out", INPUTS), INPUTS)

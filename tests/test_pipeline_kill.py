@@ -1,0 +1,101 @@
+"""Acceptance: a pipeline ``in -> out`` stores exactly one output per input (guarantee 10).
+
+The server runs as a real subprocess (``cproxy serve`` on SQLite, see
+``tests/test_kill_restart.py``). Four SDK consumers turn each input into one output by
+returning ``Produce`` from their handler (the ack and the output in one call); a stale worker
+pulls a few inputs, sleeps past the group's ack timeout and only then sends its ack with
+outputs (which must answer 409 ``stale_results`` and store nothing). Meanwhile the server is
+SIGKILLed three times and restarted on the same data dir and port. In the end every input is
+finished, and "out" holds exactly one output per input, in input order per key.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
+from consumer_sdk.errors import ClientError
+from tests.pipeline import GROUP, StaleWorker, check_outputs, inputs, read_all, transform
+from tests.support import wait_until
+from tests.test_kill_restart import ServerProcess, free_port
+
+pytestmark = pytest.mark.slow
+
+INPUTS = 1200
+KILLS = 3
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ServerProcess]:
+    proc = ServerProcess(tmp_path, port=free_port())
+    yield proc
+    proc.kill()
+
+
+def finished(url: str) -> bool:
+    try:
+        with Client(url, retry=RetryPolicy(max_attempts=1)) as client:
+            stats = client.get_group("pipe")["stats"]
+    except ClientError:
+        return False
+    return stats["in_flight"] == 0 and all(q["lag"] == 0 for q in stats["queues"])
+
+
+def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess) -> None:
+    server.start()
+    with Client(server.url) as client:
+        client.create_topic("in", 2)
+        client.create_topic("out", 2)
+        client.put_group("pipe", GROUP)
+        batch = inputs(INPUTS)
+        for start in range(0, INPUTS, 500):
+            client.produce("in", batch[start : start + 500])
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(msg: Message) -> Produce:
+        with lock:
+            handled.append(msg.body["n"])
+        return transform(msg)
+
+    workers = [
+        Consumer(
+            server.url,
+            group="pipe",
+            handler=handle,
+            concurrency=2,
+            wait_ms=200,
+            request_timeout_ms=3000,
+            retry=RetryPolicy(max_attempts=8, initial_backoff_ms=100, max_backoff_ms=1000),
+        )
+        for _ in range(4)
+    ]
+    stop = threading.Event()
+    stale = StaleWorker(lambda: server.url, stop)
+    for w in workers:
+        w.start()
+    stale.start()
+    try:
+        for kill in range(KILLS):
+            target = (kill + 1) * INPUTS // (KILLS + 2)
+            wait_until(lambda t=target: len(handled) >= t, 60, message=f"{target} handled")
+            server.kill()
+            time.sleep(0.2)
+            server.start()
+        wait_until(lambda: finished(server.url), 120, 0.2, "every input finished")
+    finally:
+        stop.set()
+        for w in workers:
+            w.stop()
+        stale.join(10)
+    check_outputs(read_all(server.url, "out", INPUTS), INPUTS)
+    assert stale.refused > 0, "the stale worker was never refused"
+    assert len(handled) > INPUTS  # inputs were handled again (kills, stale worker)
+    with httpx.Client(base_url=server.url) as http:
+        assert http.get("/readyz").status_code == 200
