@@ -62,6 +62,8 @@ def test_progress_after_counts_the_held_acks_as_finished() -> None:
     assert set(after) == {("t", 0)}
     assert after["t", 0].committed == 0
     assert after["t", 0].open == ((0, 1), (2, 3))  # b (offset 1) is finished
+    # Written with outputs, progress keeps the delivery numbers reserved (never lowers them).
+    assert after["t", 0].attempt_ceiling == h.engine.progress()["t", 0].attempt_ceiling > 0
     # The engine itself still counts b unfinished until the transaction is settled.
     assert h.engine.progress()["t", 0].open == ((0, 3),)
     h.engine.settle_held(results, h.now, after)
