@@ -45,28 +45,29 @@ def create_app(settings: Settings, store: Store | None = None) -> FastAPI:
 
         store = SqliteStore(settings.data_dir, synchronous=settings.sqlite_synchronous)
     metrics = Metrics()
-    broker = Broker(
-        store,
-        settings,
-        ack_latency_for=metrics.ack_latency_observer,
-        on_produced=metrics.on_produced,
-        on_pull=metrics.observe_pull,
-    )
-    metrics.attach(broker)
     node = None
     if settings.store_url is not None:
         from cproxy.cluster.node import ClusterNode
         from cproxy.store.postgres import PostgresStore
 
         assert isinstance(store, PostgresStore)
-        node = ClusterNode(settings.cluster_settings(), store, broker)
+        node = ClusterNode(settings.cluster_settings(), store)
+    broker = Broker(
+        store,
+        settings,
+        ack_latency_for=metrics.ack_latency_observer,
+        on_produced=metrics.on_produced,
+        on_pull=metrics.observe_pull,
+        cluster=node,
+    )
+    metrics.attach(broker)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with anyio.create_task_group() as task_group:
             await broker.start(task_group)
             if node is not None:
-                await node.start(task_group)
+                await node.start(broker, task_group)
             try:
                 yield
             finally:

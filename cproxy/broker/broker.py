@@ -37,6 +37,7 @@ from .clock import every, now_ms
 from .delays import check_delays
 from .health import WriteHealth
 from .hosting import QueueHosting
+from .lease import ClusterLease
 from .operator_actions import OperatorActions
 from .runner import GroupRunner, PullResult
 from .topics import Retention, Topics, retention_of
@@ -65,10 +66,13 @@ class Broker(QueueHosting, OperatorActions):
         ack_latency_for: Callable[[str], Callable[[list[float]], None]] | None = None,
         on_produced: Callable[[str, int], None] | None = None,
         on_pull: Callable[[str, float], None] | None = None,
+        cluster: ClusterLease | None = None,
     ) -> None:
         """``ack_latency_for(group)`` gives an observer of produce-to-ack seconds (a list per
         pull that acked something);
-        ``on_produced(topic, count)`` and ``on_pull(group, seconds)`` feed metrics."""
+        ``on_produced(topic, count)`` and ``on_pull(group, seconds)`` feed metrics;
+        ``cluster`` (cluster mode): groups serve only the queues claimed (``serve_queue``),
+        and results wait on its lease."""
         self.store = store
         self.settings = settings
         #: Where groups may push (``[push] allowed_urls``); tests may stub its resolver.
@@ -83,10 +87,10 @@ class Broker(QueueHosting, OperatorActions):
         self.accepting = False
         self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
-        self.owned = None
+        self.owned = None if cluster is None else set()
         self.releasing = set()
-        self.check_lease = None
-        self.announce_redrive = None
+        self.check_lease = None if cluster is None else cluster.check_lease
+        self.announce_redrive = None if cluster is None else cluster.announce_redrive
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:

@@ -1,15 +1,13 @@
 """Many proxies over one PostgreSQL database (DESIGN.md section 8).
 
-One module per concept:
+The cluster decides; the store keeps. Membership, queue ownership and the fencing of commits
+are the store's tables and checks, behind ``cproxy.store.cluster_base.ClusterStore`` (the only
+part of the store this package uses); this package never writes SQL.
 
-- ``settings``: ``ClusterSettings`` (node id, advertise URL, heartbeat and lease times).
 - ``assignment``: which live member should own each queue (rendezvous hashing, pure).
-- ``schema``: the cluster's own tables (``cluster_members``, ``queue_owners``).
-- ``membership``: heartbeats at the database clock, the live members.
-- ``ownership``: queue ownership rows and their transitions (claim, renew, release, hand over),
-  each one transaction.
-- ``fencing``: the owner/epoch check that the PostgreSQL store runs inside every commit.
-- ``node``: ``ClusterNode``, one proxy's loop over all of the above, driving the broker's
-  queue hooks (``cproxy.broker.hosting``). Started by ``cproxy.api.app`` when
-  ``Settings.store_url`` is set; documented for operators in docs/scaling.md.
+- ``node``: ``ClusterNode``, one proxy's loop: heartbeat, claim, release and hand over its
+  queues through the store, driving the broker's queue hooks (``cproxy.broker.hosting``;
+  the broker gets the node through its constructor, as ``cproxy.broker.lease.ClusterLease``).
+  Started by ``cproxy.api.app`` when ``Settings.store_url`` is set (settings:
+  ``cproxy.config.ClusterSettings``); documented for operators in docs/scaling.md.
 """

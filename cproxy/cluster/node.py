@@ -1,7 +1,9 @@
 """One proxy's part in a cluster: heartbeat, claim, release and hand over its queues.
 
-``ClusterNode`` runs beside the broker (``start``/``leave``). Every ``heartbeat_interval_ms``,
-or at once when a peer frees a queue or joins (NOTIFY on ``ownership.CHANNEL``), one *round*:
+``ClusterNode`` runs beside the broker (``start``/``leave``) over the store's cluster interface
+(``cproxy.store.cluster_base.ClusterStore``: membership, ownership and fencing are the
+store's). Every ``heartbeat_interval_ms``, or at once when a peer frees a queue or joins (the
+store's ``notify_peers``), one *round*:
 
 1. heartbeat the membership row and renew the lease of every owned queue, both at the
    database clock; a queue missing from the renewal was taken over: its state is dropped
@@ -12,7 +14,7 @@ or at once when a peer frees a queue or joins (NOTIFY on ``ownership.CHANNEL``),
    elsewhere *releasing* (hand out nothing new, take results);
 4. hand over each releasing queue whose in-flight messages are all answered (or whose
    ``handover_timeout_ms`` passed): its groups' final progress and the freeing of the row are
-   one transaction (``ownership.hand_over``). Between rounds, while a queue is releasing, its
+   one transaction (``ClusterStore.hand_over``). Between rounds, while a queue is releasing, its
    in-flight count is checked every ``DRAIN_POLL_S``: a planned hand-over completes as soon as
    the last delivered message is answered, not at the next heartbeat.
 
@@ -21,8 +23,8 @@ successful renewal began more than ``lease_ms`` ago (a pause, a lost database) r
 refused with 503 until a round confirms what is still owned, so a proxy that woke from a
 SIGSTOP answers ``unknown`` for queues taken meanwhile instead of acknowledging them.
 
-New data on other proxies: a dedicated connection LISTENs on the store's append channel and
-tells the broker (``Broker.note_end``), so a long poll answers within milliseconds.
+New data on other proxies: the store's listener (``ClusterStore.listen``) tells the broker
+(``Broker.note_end``), so a long poll answers within milliseconds.
 """
 
 from __future__ import annotations
@@ -34,21 +36,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import asyncpg
 import orjson
 from anyio.abc import TaskGroup
 
 from cproxy.broker import Broker
-from cproxy.cluster import assignment, membership, ownership
-from cproxy.cluster.fencing import Fence
-from cproxy.cluster.ownership import TidQid
-from cproxy.cluster.schema import ensure_cluster_schema
-from cproxy.cluster.settings import ClusterSettings
+from cproxy.cluster import assignment
+from cproxy.config import ClusterSettings
 from cproxy.engine.records import CommitBatch
 from cproxy.errors import CproxyError, QueueNotOwned, StoreError, TopicNotFound
-from cproxy.store._pg_base import Conn
-from cproxy.store._pg_sql import APPEND_CHANNEL
-from cproxy.store.postgres import PostgresStore
+from cproxy.store.cluster_base import ClusterStore, FinalCommit, Listener, Member, OwnerRow, TidQid
 
 logger = logging.getLogger(__name__)
 
@@ -73,20 +69,21 @@ class Held:
 class ClusterView:
     """What ``GET /v1/cluster`` shows: live members and every queue with its owner."""
 
-    members: list[membership.Member]
-    queues: list[ownership.OwnerRow]
+    members: list[Member]
+    queues: list[OwnerRow]
 
 
 class ClusterNode:
-    """Build before the broker starts (its groups then open with no queue); ``start`` after
-    it started; ``leave()`` on shutdown, before the broker stops."""
+    """Build before the broker, and give it to the broker's constructor (``cluster=``: its
+    groups then open with no queue, and it checks the lease and announces redrives through
+    this node); ``start(broker, ...)`` after the broker started; ``leave()`` on shutdown,
+    before the broker stops."""
 
-    def __init__(self, settings: ClusterSettings, store: PostgresStore, broker: Broker) -> None:
+    def __init__(self, settings: ClusterSettings, store: ClusterStore) -> None:
         self.settings = settings
         self._store = store
-        self._broker = broker
+        self._broker: Broker | None = None
         self.node_id = settings.node_id
-        self.fence = Fence(settings.node_id)
         self.held: dict[TidQid, Held] = {}
         self._lease_s = settings.lease_ms / 1000
         #: Monotonic time until which the lease is surely ours (start of the last renewal
@@ -95,27 +92,27 @@ class ClusterNode:
         self._wake = anyio.Event()
         self._round_lock = anyio.Lock()
         self._leaving = False
-        self._listener: asyncpg.Connection | None = None
+        self._listener: Listener | None = None
         self._scope: anyio.CancelScope | None = None
         #: Peers' redrives to do here: (group, topic or None).
         self._redrives: list[tuple[str, str | None]] = []
-        # Before the broker starts: its groups open serving no queue until one is claimed.
-        broker.owned = set()
+
+    @property
+    def broker(self) -> Broker:
+        if self._broker is None:
+            raise RuntimeError("the cluster node has not started")
+        return self._broker
 
     # -- lifecycle -----------------------------------------------------------------------------
-    async def start(self, task_group: TaskGroup) -> None:
-        """Join: schema, fencing and notifications on, the first round, then the loop."""
-        async with self._store.connection() as conn:
-            await ensure_cluster_schema(conn)
-        self._store.fence = self.fence
-        self._store.notify_appends = True
-        self._broker.check_lease = self.check_lease
-        self._broker.announce_redrive = self._announce_redrive
+    async def start(self, broker: Broker, task_group: TaskGroup) -> None:
+        """Join (the store's cluster tables, fencing and notifications on), the first round,
+        then the loop; ``broker`` is the one built with ``cluster=self`` and started."""
+        self._broker = broker
+        await self._store.join_cluster(self.node_id)
         await self._listen()
         await self.round()
-        async with self._store.connection() as conn:
-            # Peers release what the new assignment gives us now, not at their next heartbeat.
-            await ownership.notify_peers(conn, f"join:{self.node_id}")
+        # Peers release what the new assignment gives us now, not at their next heartbeat.
+        await self._store.notify_peers(f"join:{self.node_id}")
         self._scope = anyio.CancelScope()
         task_group.start_soon(self._loop, name=f"cluster:{self.node_id}")
         logger.info("node=%s joined the cluster queues=%d", self.node_id, len(self.held))
@@ -134,17 +131,15 @@ class ClusterNode:
                 # Out of the membership first (rounds stop heartbeating; queue leases are
                 # still renewed): peers' assignment then leaves this node out, so each queue
                 # is claimed the moment it is freed, not a heartbeat later.
-                async with self._store.connection() as conn:
-                    await membership.leave(conn, self.node_id)
-                    await ownership.notify_peers(conn, f"leave:{self.node_id}")
+                await self._store.leave_cluster()
+                await self._store.notify_peers(f"leave:{self.node_id}")
                 await self._release_all()
             while self.held:
                 async with self._round_lock:
                     await self._hand_over_ready(force=time.monotonic() >= deadline)
                 if self.held:
                     await anyio.sleep(0.02)
-            async with self._store.connection() as conn:
-                await membership.leave(conn, self.node_id)  # a round may have raced
+            await self._store.leave_cluster()  # a round may have raced
         except StoreError as exc:
             logger.warning("node=%s could not hand over everything: %s", self.node_id, exc)
         finally:
@@ -199,7 +194,8 @@ class ClusterNode:
 
     # -- one round -----------------------------------------------------------------------------
     def _grace_ms(self) -> int:
-        return max((r.config.ack_timeout_ms for r in self._broker.groups.values()), default=0)
+        groups = {} if self._broker is None else self._broker.groups  # leave() before start
+        return max((r.config.ack_timeout_ms for r in groups.values()), default=0)
 
     def _handover_timeout_s(self) -> float:
         ms = self.settings.handover_timeout_ms
@@ -209,19 +205,14 @@ class ClusterNode:
         """Heartbeat, renew, catch up, claim, release, hand over (see the module docstring)."""
         async with self._round_lock:
             began = time.monotonic()
-            async with self._store.connection() as conn:
-                if not self._leaving:
-                    await membership.heartbeat(
-                        conn, self.node_id, self.settings.advertise_url, self.settings.lease_ms
-                    )
-                renewed = await ownership.renew(
-                    conn, self.node_id, self.settings.lease_ms, self._grace_ms()
-                )
+            if not self._leaving:
+                await self._store.heartbeat(self.settings.advertise_url, self.settings.lease_ms)
+            renewed = await self._store.renew(self.settings.lease_ms, self._grace_ms())
             self._valid_until = began + self._lease_s
             for queue, held in list(self.held.items()):
                 if renewed.get(queue) != held.epoch:
                     self._lose(queue, "taken over by another proxy")
-            await self._broker.refresh()
+            await self.broker.refresh()
             if self._listener is None or self._listener.is_closed():
                 await self._listen()  # the database restarted: notifications resume
             await self._catch_up()
@@ -238,12 +229,11 @@ class ClusterNode:
             except TopicNotFound:
                 continue  # deleted meanwhile; its queues leave with the next rows
             for stats in queues:
-                self._broker.note_end(topic, stats.qid, stats.next_offset)
+                self.broker.note_end(topic, stats.qid, stats.next_offset)
 
     async def _rebalance(self) -> None:
-        async with self._store.connection() as conn:
-            members = [m.node_id for m in await membership.live_members(conn)]
-            rows = await ownership.rows(conn)
+        members = [m.node_id for m in await self._store.live_members()]
+        rows = await self._store.owner_rows()
         if self.node_id not in members:
             members.append(self.node_id)  # our heartbeat just committed; a clock race
         wanted = assignment.assign([r.ref for r in rows], members)
@@ -257,25 +247,19 @@ class ClusterNode:
                 await self._release(queue, held)
 
     async def _claim(self, queue: TidQid, topic: str, qid: int) -> None:
-        async with self._store.connection() as conn:
-            epoch = await ownership.claim(
-                conn, self.node_id, queue, self.settings.lease_ms, self._grace_ms()
-            )
+        epoch = await self._store.claim(queue, self.settings.lease_ms, self._grace_ms())
         if epoch is None:
             return
         self.held[queue] = Held(topic, qid, epoch)
-        self.fence.epochs[queue] = epoch
-        await self._broker.serve_queue(topic, qid)
+        await self.broker.serve_queue(topic, qid)
         logger.info("node=%s claimed topic=%s qid=%d epoch=%d", self.node_id, topic, qid, epoch)
 
     async def _release(self, queue: TidQid, held: Held) -> None:
-        async with self._store.connection() as conn:
-            ok = await ownership.release(conn, self.node_id, queue, held.epoch)
-        if not ok:
+        if not await self._store.release(queue, held.epoch):
             self._lose(queue, "not owned when releasing")
             return
         held.releasing_since = time.monotonic()
-        self._broker.pause_queue(held.topic, held.qid)
+        self.broker.pause_queue(held.topic, held.qid)
         logger.info("node=%s releasing topic=%s qid=%d", self.node_id, held.topic, held.qid)
 
     async def _release_all(self) -> None:
@@ -289,7 +273,7 @@ class ClusterNode:
         for queue, held in list(self.held.items()):
             if held.releasing_since is None:
                 continue
-            busy = self._broker.in_flight_on(held.topic, held.qid)
+            busy = self.broker.in_flight_on(held.topic, held.qid)
             if busy and not force and now - held.releasing_since < timeout_s:
                 continue
             await self._hand_over(queue, held, busy)
@@ -299,7 +283,7 @@ class ClusterNode:
         # between our snapshot and our write would be undone by it (the final progress
         # would say its inputs are unfinished, and the new owner would deliver them again).
         async with AsyncExitStack() as stack:
-            runners = list(self._broker.groups.values())
+            runners = list(self.broker.groups.values())
             for runner in runners:
                 await stack.enter_async_context(runner.commit_lock)
             for runner in runners:
@@ -314,7 +298,7 @@ class ClusterNode:
 
     async def _hand_over_locked(self, queue: TidQid, held: Held, busy: int) -> None:
         batches: list[tuple[Any, CommitBatch]] = []
-        for runner in list(self._broker.groups.values()):
+        for runner in list(self.broker.groups.values()):
             batch = runner.take_commit()
             # Always the queue's final progress, even when unchanged since the runner's last
             # take: that commit may still be in flight, and it will be fenced once we free
@@ -324,16 +308,13 @@ class ClusterNode:
                 batch.progress[(held.topic, held.qid)] = final
             batches.append((runner, batch))
 
-        async def write_final(conn: Conn) -> None:
-            for runner, batch in batches:
-                if batch:
-                    await self._store.commit_within(
-                        conn, runner.name, batch.progress, batch.dead_letters, batch.redrive_done
-                    )
-
+        finals = [
+            FinalCommit(runner.name, batch.progress, batch.dead_letters, batch.redrive_done)
+            for runner, batch in batches
+            if batch
+        ]
         try:
-            async with self._store.connection() as conn:
-                await ownership.hand_over(conn, self.node_id, queue, held.epoch, write_final)
+            await self._store.hand_over(queue, held.epoch, finals)
         except QueueNotOwned as exc:
             for runner, batch in batches:
                 runner.requeue(batch)
@@ -355,8 +336,8 @@ class ClusterNode:
 
     def _forget(self, queue: TidQid) -> None:
         held = self.held.pop(queue)
-        self.fence.epochs.pop(queue, None)
-        self._broker.drop_queue(held.topic, held.qid)
+        self._store.disown(queue)
+        self.broker.drop_queue(held.topic, held.qid)
 
     def _lose(self, queue: TidQid, why: str) -> None:
         held = self.held[queue]
@@ -369,27 +350,17 @@ class ClusterNode:
     # -- notifications -------------------------------------------------------------------------
     async def _listen(self) -> None:
         await self._unlisten()
-        try:
-            self._listener = await asyncpg.connect(self._store.dsn, timeout=5)
-            await self._listener.add_listener(APPEND_CHANNEL, self._on_append)
-            await self._listener.add_listener(ownership.CHANNEL, self._on_cluster)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            raise StoreError(f"cannot LISTEN for cluster notifications: {exc}") from exc
+        self._listener = await self._store.listen(self._on_append, self._on_peer)
 
     async def _unlisten(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
-            try:
-                await listener.close(timeout=2)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-                listener.terminate()
+            await listener.close()
 
-    def _on_append(self, conn: Any, pid: int, channel: str, payload: object) -> None:
-        topic, qid, end = str(payload).rsplit(":", 2)
-        self._broker.note_end(topic, int(qid), int(end))
+    def _on_append(self, topic: str, qid: int, end: int) -> None:
+        self.broker.note_end(topic, qid, end)
 
-    def _on_cluster(self, conn: Any, pid: int, channel: str, payload: object) -> None:
-        text = str(payload)
+    def _on_peer(self, text: str) -> None:
         if text.startswith(_REDRIVE):
             node, group, topic = orjson.loads(text[len(_REDRIVE) :])
             if node != self.node_id:
@@ -400,14 +371,13 @@ class ClusterNode:
     # Dead letters are redriven by the owner of their queue: a redrive on any proxy redrives
     # that proxy's queues and tells the peers, which redrive theirs (a queue that moves while
     # some are redriving: its new owner picks them up when it starts serving it).
-    async def _announce_redrive(self, group: str, topic: str | None) -> None:
-        async with self._store.connection() as conn:
-            await ownership.notify_peers(
-                conn, _REDRIVE + orjson.dumps([self.node_id, group, topic]).decode()
-            )
+    async def announce_redrive(self, group: str, topic: str | None) -> None:
+        await self._store.notify_peers(
+            _REDRIVE + orjson.dumps([self.node_id, group, topic]).decode()
+        )
 
     async def _redrive_mine(self, group: str, topic: str | None) -> None:
-        runner = self._broker.groups.get(group)
+        runner = self.broker.groups.get(group)
         if runner is None:
             return  # not started here (yet): its queues' owners are elsewhere
         try:
@@ -424,5 +394,4 @@ class ClusterNode:
     # -- the view ------------------------------------------------------------------------------
     async def view(self) -> ClusterView:
         """Live members (by node id) and every queue with its owner (by topic, qid)."""
-        async with self._store.connection() as conn:
-            return ClusterView(await membership.live_members(conn), await ownership.rows(conn))
+        return ClusterView(await self._store.live_members(), await self._store.owner_rows())

@@ -10,24 +10,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, TypeAlias
+from contextlib import asynccontextmanager
 
 import asyncpg
-from asyncpg.pool import PoolConnectionProxy
 
 from cproxy.errors import ConfigError, StoreError, TopicNotFound
 from cproxy.store._common import topic_not_found
+from cproxy.store._pg_cluster import Fence
 from cproxy.store._pg_schema import FOREIGN_ERRORS, as_store_error, ensure_schema
+from cproxy.store._pg_sql import Conn
 from cproxy.store._retention import ByteCounter
 
-if TYPE_CHECKING:
-    from cproxy.cluster.fencing import Fence
-
 logger = logging.getLogger(__name__)
-
-#: A pooled connection.
-Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 
 async def _keep_session(conn: asyncpg.Connection) -> None:
@@ -76,17 +70,12 @@ class PgBase:
         self._bytes = ByteCounter()
         self._max_window_ms = 0
         self._since_prune = 0
-        #: Cluster mode: the owner/epoch check every ``commit`` runs in its transaction
-        #: (``cproxy.cluster.fencing``). None (a single proxy): no check, no cost.
-        self.fence: Fence | None = None
+        #: Cluster mode (``join_cluster``): the owner/epoch check every ``commit`` runs in its
+        #: transaction (``_pg_cluster.Fence``). None (a single proxy): no check, no cost.
+        self._fence: Fence | None = None
         #: Cluster mode: every append notifies ``_pg_sql.APPEND_CHANNEL`` so that the owners
         #: of the queues, on other proxies, read the new messages at once.
-        self.notify_appends = False
-
-    @property
-    def dsn(self) -> str:
-        """The database's libpq URI (the cluster opens its LISTEN connection with it)."""
-        return self._dsn
+        self._notify_appends = False
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -131,10 +120,6 @@ class PgBase:
         except StoreError:
             return False
         return True
-
-    def connection(self) -> AbstractAsyncContextManager[Conn]:
-        """A pooled connection for the cluster's own statements (same error translation)."""
-        return self._conn()
 
     @asynccontextmanager
     async def _conn(self) -> AsyncIterator[Conn]:

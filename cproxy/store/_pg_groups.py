@@ -11,13 +11,14 @@ from typing import Any
 import asyncpg
 
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
-from cproxy.store._pg_base import Conn, PgBase
+from cproxy.store._pg_base import PgBase
 from cproxy.store._pg_log import columns
 from cproxy.store._pg_sql import (
     DEAD_LETTER_COLUMNS,
     DELETE_DEAD_LETTERS,
     UPSERT_DEAD_LETTERS,
     UPSERT_PROGRESS,
+    Conn,
 )
 
 
@@ -76,7 +77,7 @@ class PgGroupState(PgBase):
         """``commit`` inside a transaction the caller holds on ``conn`` (a hand-over writes
         the final progress of several groups and frees the queue in one transaction).
 
-        With a ``fence`` (cluster mode) the queues whose progress or dead letters are written
+        In cluster mode (``join_cluster``) the queues whose progress or dead letters are written
         must be owned by this proxy at the epoch it holds, else ``QueueNotOwned`` is raised
         and nothing is written (checked first, in the same transaction).
         """
@@ -102,8 +103,8 @@ class PgGroupState(PgBase):
             maybe_tid = await self._tid_or_none(conn, topic)
             if maybe_tid is not None:  # a topic that is gone has no dead letters left
                 done_rows.append((maybe_tid, qid, off))
-        if self.fence is not None:
-            await self.fence.check(conn, touched)
+        if self._fence is not None:
+            await self._fence.check(conn, touched)
         if progress_rows:
             await conn.execute(UPSERT_PROGRESS, group, *columns(progress_rows))
         # Deletes go first so a redriven message that was dead-lettered again stays dead.

@@ -21,7 +21,7 @@ from cproxy.store._common import (
     message_qids,
     topic_not_found,
 )
-from cproxy.store._pg_base import Conn, PgBase
+from cproxy.store._pg_base import PgBase
 from cproxy.store._pg_sql import (
     BATCH_AT,
     INSERT_BATCHES,
@@ -32,6 +32,7 @@ from cproxy.store._pg_sql import (
     READ_BATCHES,
     READ_MANY_FROM_FLOOR,
     UPDATE_QUEUES,
+    Conn,
 )
 from cproxy.store._records import batch, decode, first_at, narrow, sizes
 from cproxy.store._retention import check_retention, queue_cut
@@ -256,7 +257,7 @@ class PgLog(PgBase):
             )
             tails_now = [(qid, nxt, ts) for qid, (nxt, ts) in out.tails.items()]
             await conn.execute(UPDATE_QUEUES, tid, *columns(tails_now))
-            if self.notify_appends:
+            if self._notify_appends:
                 # Delivered at COMMIT, never for a rolled-back append.
                 await conn.execute(NOTIFY_APPEND, [f"{topic}:{q}:{n}" for q, n, _ in tails_now])
         if out.dedup_rows:

@@ -9,17 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import asyncpg
 
 from cproxy.errors import StoreError
 from cproxy.model import Message
-from cproxy.store._pg_sql import INSERT_BATCHES
+from cproxy.store._pg_sql import INSERT_BATCHES, Conn
 from cproxy.store._records import group_rows
-
-if TYPE_CHECKING:
-    from cproxy.store._pg_base import Conn
 
 logger = logging.getLogger(__name__)
 

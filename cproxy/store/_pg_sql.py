@@ -1,10 +1,19 @@
-"""The PostgreSQL store's longer statements, kept apart so ``postgres.py`` reads as logic.
+"""The PostgreSQL store's longer statements (and its connection type), kept apart so
+``postgres.py`` reads as logic.
 
 Multi-row writes pass one array per column and ``unnest`` them: one statement, one round trip
 and one plan (asyncpg prepares and caches it) for any number of rows.
 """
 
 from __future__ import annotations
+
+from typing import TypeAlias
+
+import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: A pooled connection.
+Conn: TypeAlias = "PoolConnectionProxy[asyncpg.Record]"
 
 #: Advisory locks on (tid, id key), taken in the order of the array (callers sort it): a function
 #: scan over ``unnest`` yields, and so locks, in array order.

@@ -36,30 +36,39 @@ the next append to a queue waits for the previous one's COMMIT.
 Durability: sessions run with ``synchronous_commit = on``, so a returned append is in the WAL on
 disk (as far as the server's ``fsync`` setting makes it so).
 
-Wake-ups across proxies (cluster mode, ``notify_appends``): a produce on one proxy must wake
+Wake-ups across proxies (cluster mode, after ``join_cluster``): a produce on one proxy must wake
 long polls on the others. The append transaction runs ``pg_notify('cproxy_append',
 '<topic>:<qid>:<next>')`` per touched queue just before COMMIT, which PostgreSQL delivers
 exactly when the messages become visible (and never for a rolled-back append); each proxy
-listens on one dedicated connection (``cproxy.cluster.node``) and tells its groups.
+listens on one dedicated connection (``listen``, used by ``cproxy.cluster.node``) and tells
+its groups.
 
-Fencing (cluster mode, ``fence``): ``commit`` checks in its transaction that this proxy owns
-every queue it writes progress or dead letters for, at the epoch it holds
-(``cproxy.cluster.fencing``).
+Cluster mode (``cluster_base.ClusterStore``, the only part of the store the cluster uses): the
+store owns the cluster's tables too (``_pg_cluster``: membership, queue ownership), and
+fencing: after ``join_cluster(node_id)``, ``commit`` checks in its transaction that this proxy
+owns every queue it writes progress or dead letters for, at the epoch its last claim got
+(``_pg_cluster.Fence``).
 
 Foreign errors (asyncpg, OS, timeouts) become ``cproxy.errors.StoreError`` in ``_conn``.
 
 Layout: ``_pg_base`` (settings, pool, topic cache, error translation), ``_pg_log`` (the
 ``MessageLog`` half), ``_pg_groups`` (the ``GroupStateStore`` half), ``_pg_sql`` (statements),
-``_pg_schema`` (DDL and versions); offsets are planned by ``_append_plan``, shared with SQLite.
+``_pg_schema`` (DDL and versions), ``_pg_cluster`` (the cluster's tables, the fence and the
+LISTEN connection); offsets are planned by ``_append_plan``, shared with SQLite.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 
+from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
+from cproxy.store import _pg_cluster
+from cproxy.store._pg_cluster import Fence, PgListener
 from cproxy.store._pg_groups import PgGroupState
 from cproxy.store._pg_log import PgLog
+from cproxy.store.cluster_base import FinalCommit, Member, OwnerRow, TidQid
 
 __all__ = ["PostgresStore"]
 
@@ -95,3 +104,85 @@ class PostgresStore(PgLog, PgGroupState):
             if added:
                 await self._maybe_prune(conn, added, now_ms, dedup_window_ms)
         return results
+
+    # -- cluster mode (``cluster_base.ClusterStore``) ------------------------------------------
+    async def join_cluster(self, node_id: str) -> None:
+        async with self._conn() as conn:
+            await _pg_cluster.ensure_tables(conn)
+        self._fence = Fence(node_id)
+        self._notify_appends = True
+
+    def _joined(self) -> Fence:
+        if self._fence is None:
+            raise StoreError("the store has not joined a cluster")
+        return self._fence
+
+    async def heartbeat(self, advertise_url: str, lease_ms: int) -> datetime:
+        node_id = self._joined().node_id
+        async with self._conn() as conn:
+            at: datetime = await conn.fetchval(
+                _pg_cluster.HEARTBEAT, node_id, advertise_url, lease_ms
+            )
+        return at
+
+    async def live_members(self) -> list[Member]:
+        async with self._conn() as conn:
+            return await _pg_cluster.live_members(conn)
+
+    async def leave_cluster(self) -> None:
+        node_id = self._joined().node_id
+        async with self._conn() as conn:
+            await conn.execute(_pg_cluster.LEAVE, node_id)
+
+    async def owner_rows(self) -> list[OwnerRow]:
+        async with self._conn() as conn:
+            return await _pg_cluster.owner_rows(conn)
+
+    async def claim(self, queue: TidQid, lease_ms: int, grace_ms: int) -> int | None:
+        fence = self._joined()
+        async with self._conn() as conn:
+            epoch: int | None = await conn.fetchval(
+                _pg_cluster.CLAIM, *queue, fence.node_id, lease_ms, grace_ms
+            )
+        if epoch is not None:
+            fence.epochs[queue] = epoch
+        return epoch
+
+    async def renew(self, lease_ms: int, grace_ms: int) -> dict[TidQid, int]:
+        node_id = self._joined().node_id
+        async with self._conn() as conn:
+            rows = await conn.fetch(_pg_cluster.RENEW, node_id, lease_ms, grace_ms)
+        return {(tid, qid): epoch for tid, qid, epoch, _ in rows}
+
+    async def release(self, queue: TidQid, epoch: int) -> bool:
+        node_id = self._joined().node_id
+        async with self._conn() as conn:
+            return await conn.fetchval(_pg_cluster.RELEASE, *queue, node_id, epoch) is not None
+
+    async def hand_over(self, queue: TidQid, epoch: int, finals: Sequence[FinalCommit]) -> None:
+        fence = self._joined()
+        async with self._conn() as conn, conn.transaction():
+            for final in finals:
+                await self.commit_within(
+                    conn, final.group, final.progress, final.dead_letters, final.redrive_done
+                )
+            if await conn.fetchval(_pg_cluster.FREE, *queue, fence.node_id, epoch) is None:
+                raise QueueNotOwned(
+                    f"queue {queue} is not owned by {fence.node_id} at epoch {epoch}", []
+                )
+            await conn.execute(
+                _pg_cluster.NOTIFY, _pg_cluster.CHANNEL, f"free:{queue[0]}:{queue[1]}"
+            )
+        fence.epochs.pop(queue, None)
+
+    def disown(self, queue: TidQid) -> None:
+        self._joined().epochs.pop(queue, None)
+
+    async def notify_peers(self, what: str) -> None:
+        async with self._conn() as conn:
+            await conn.execute(_pg_cluster.NOTIFY, _pg_cluster.CHANNEL, what)
+
+    async def listen(
+        self, on_append: Callable[[str, int, int], None], on_peer: Callable[[str], None]
+    ) -> PgListener:
+        return await PgListener.open(self._dsn, on_append, on_peer)

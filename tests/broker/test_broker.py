@@ -23,15 +23,23 @@ from cproxy.store.memory import MemoryStore
 SETTINGS = replace(Settings(), commit_interval_ms=50)
 
 
+class AlwaysLeased:
+    """A cluster whose lease never runs out and with no peers to tell of redrives."""
+
+    def check_lease(self) -> None:
+        pass
+
+    async def announce_redrive(self, group: str, topic: str | None) -> None:
+        pass
+
+
 @asynccontextmanager
 async def running(
     store: MemoryStore, settings: Settings = SETTINGS, *, cluster: bool = False
 ) -> AsyncIterator[Broker]:
     """A started broker; ``cluster``: it serves only the queues claimed (``serve_queue``),
     as under a ``ClusterNode``."""
-    broker = Broker(store, settings)
-    if cluster:
-        broker.owned = set()
+    broker = Broker(store, settings, cluster=AlwaysLeased() if cluster else None)
     async with anyio.create_task_group() as tg:
         await broker.start(tg)
         try:
