@@ -6,8 +6,8 @@
 - :class:`ProxyChoice`: which proxy a producer sends to. Each producer starts at a random one
   of the discovered (or given) proxies, so many producers spread over the cluster, and stays
   with the one that answers; one that is down costs a fail-over to the next, not an error.
-- :func:`rediscover`: the consumer's loop that asks again every ``discover_interval_ms`` and
-  gives a joining proxy a puller and retires the puller of one that left.
+- Re-discovery (``ConsumerCore._rediscover``) asks again every ``discover_interval_ms`` with
+  :func:`adiscover`, gives a joining proxy a puller and retires the puller of one that left.
 """
 
 from __future__ import annotations
@@ -15,16 +15,13 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from consumer_sdk._base import Call
 from consumer_sdk._wire import mapping
 from consumer_sdk.client import AsyncClient, Client
 from consumer_sdk.config import NO_RETRY
 from consumer_sdk.errors import ClientError, ResourceNotFound
-
-if TYPE_CHECKING:
-    from ._core import ConsumerCore
 
 log = logging.getLogger("consumer_sdk.cluster")
 
@@ -133,20 +130,3 @@ class ProxyChoice(Generic[C]):
     def answered(self, client: C) -> None:
         """``client`` answered: the following calls go to it too."""
         self.current = self.clients.index(client)
-
-
-async def rediscover(core: ConsumerCore, seeds: Sequence[AsyncClient]) -> None:
-    """Until the consumer stops, ask ``GET /v1/cluster`` every ``discover_interval_ms`` (the
-    proxies pulled from, then the given ones) and pull from exactly the live members."""
-    interval_s = core.config.discover_interval_ms / 1000
-    while not core.stopping:
-        await core.pause(interval_s, lambda: core.stopping)
-        if core.stopping:
-            return
-        try:
-            members = await adiscover([*core.active_clients(), *seeds])
-        except ClientError as exc:
-            log.warning("re-discovering the proxies of %r failed: %s", core.group, exc)
-            continue
-        if members:
-            core.use_servers(members)

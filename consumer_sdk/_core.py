@@ -33,16 +33,17 @@ from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError
 from consumer_sdk.models import Produce
 
-from ._cluster import adiscover, rediscover, unique_urls
-from ._lease import keep_leases, lease_settings
+from ._cluster import adiscover, unique_urls
+from ._lease import extend, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
 from ._outputs import outputs_of, send_outputs
-from ._results import flush, flusher, note_answer
+from ._results import flush, gave_up, note_answer
 from ._runs import Runs, run_count
 from ._util import describe, group_body, prepare_group, recreate_group
 from ._wakeup import Wakeups
 
 log = logging.getLogger("consumer_sdk.consumer")
+cluster_log = logging.getLogger("consumer_sdk.cluster")
 
 
 class Dispatcher(Protocol):
@@ -169,7 +170,17 @@ class ConsumerCore(Wakeups):
     def _send_outputs(self, delivery: Delivery, outputs: list[Produce]) -> None:
         # The delivery stays outstanding until the call ends: draining waits for it.
         delivery.sending = True
-        self._spawn(send_outputs(self, delivery, outputs), "outputs")
+        self._spawn(self._outputs_call(delivery, outputs), "outputs")
+
+    async def _outputs_call(self, delivery: Delivery, outputs: list[Produce]) -> None:
+        stored = False
+        try:
+            client = self.clients[delivery.server]
+            stored = await send_outputs(
+                client, self.group, self.ledger, self.config.retry, delivery, outputs
+            )
+        finally:
+            self.outputs_done(delivery, stored)
 
     def outputs_done(self, delivery: Delivery, stored: bool) -> None:
         """The ack with outputs of ``delivery`` ended (``stored`` or not): its run goes on,
@@ -238,7 +249,7 @@ class ConsumerCore(Wakeups):
         self._puller_of[index] = task = self._spawn(self._puller(index), f"pull-{index}")
         self._pullers.append(task)
         if flush_too:
-            self._background.append(self._spawn(flusher(self, index), f"flush-{index}"))
+            self._background.append(self._spawn(self._flusher(index), f"flush-{index}"))
 
     def retired(self, index: int) -> bool:
         """True once discovery no longer lists server ``index``: it is not pulled any more."""
@@ -309,9 +320,9 @@ class ConsumerCore(Wakeups):
             raise
         for i in range(len(self.servers)):
             self._run_server(i, flush_too=True)
-        self._background.append(self._spawn(keep_leases(self), "extend"))
+        self._background.append(self._spawn(self._keep_leases(), "extend"))
         if self._discover:
-            self._background.append(self._spawn(rediscover(self, self._seeds), "discover"))
+            self._background.append(self._spawn(self._rediscover(), "discover"))
         log.info(
             "consumer of group %r started on %s (concurrency %d, extend after %d ms)",
             self.group,
@@ -356,7 +367,12 @@ class ConsumerCore(Wakeups):
         self._wake()
         await asyncio.gather(*self._background, return_exceptions=True)
         deadline = time.monotonic() + cfg.flush_timeout_ms / 1000
-        await asyncio.gather(*(flush(self, i, deadline) for i in range(len(self.servers))))
+        await asyncio.gather(
+            *(
+                flush(client, self.group, self.ledger, i, cfg.retry, deadline)
+                for i, client in enumerate(self.clients)
+            )
+        )
         await self._close_clients()
         log.info("consumer of group %r stopped: %s", self.group, self.stats())
 
@@ -435,7 +451,7 @@ class ConsumerCore(Wakeups):
                 self._in_pull[index] = False
             errors = 0
             ledger.count("pulls")
-            note_answer(self, client, answer.results)
+            note_answer(ledger, client, answer.results)
             # One run filling the answer says nothing of other keys: assume no backlog.
             self._backlog[index] = len(answer.messages) >= asked and run_count(answer.messages) > 1
             if answer.messages:
@@ -448,3 +464,94 @@ class ConsumerCore(Wakeups):
             waited_ms = (time.monotonic() - started) * 1000
             if idle_ms > waited_ms:
                 await self.pause((idle_ms - waited_ms) / 1000, done)
+
+    async def _flusher(self, index: int) -> None:
+        """Until the core closes, send server ``index``'s results that no pull will carry soon.
+
+        Results normally ride on the next pull. While a pull waits in a long poll nothing else
+        would carry them, and the server releases the next message of a key only after its
+        ack, so they go at once. Otherwise (no pull out, or one the server answers at once
+        because it has a backlog) the next pull gets ``ack_linger_ms`` to take them before a
+        standalone ack: under load, results ride on pulls, not a request each. Acks inside a
+        same-key run whose later messages are still here release nothing yet: they wait for
+        the run's last one (one request per run, not one per message).
+        """
+        cfg, ledger, client = self.config, self.ledger, self.clients[index]
+        linger_s = cfg.ack_linger_ms / 1000
+        errors = 0
+        failing_since = 0.0
+        while not self.closing:
+            since = ledger.pending_since(index)
+            if since is None:
+                await self.wait_change()
+                continue
+            if not ledger.urgent(index):
+                # Only acks inside same-key runs: they release nothing until the run's last
+                # one, so they wait for it, at most as long as an unfinished message waits
+                # before its lease is extended (so holding an ack never lets it time out).
+                wait_s = max(linger_s, self.extend_after_ms / 1000)
+            elif self.pull_parked(index):
+                wait_s = 0.0
+            else:
+                wait_s = linger_s  # the next pull may take them
+            left = since + wait_s - time.monotonic()
+            if left > 0:
+                await self.wait_change(left)
+                continue
+            results = ledger.take_results(index)
+            if not results:
+                continue
+            try:
+                answer = await client.ack(self.group, results, retry=NO_RETRY)
+            except ClientError as exc:
+                errors += 1
+                failing_since = failing_since if errors > 1 else time.monotonic()
+                limit_s = cfg.flush_timeout_ms / 1000
+                if self._retired[index] and gave_up(client, results, exc, failing_since, limit_s):
+                    continue
+                ledger.restore_results(index, results)
+                if not exc.retryable:
+                    self.fail(exc)
+                    return
+                delay_ms = cfg.retry.backoff_ms(errors)
+                log.warning("ack to %s failed (%s); retry in %.0f ms", client.url, exc, delay_ms)
+                await self.pause(delay_ms / 1000, lambda: self.closing)
+                continue
+            errors = 0
+            note_answer(ledger, client, answer)
+
+    async def _keep_leases(self) -> None:
+        """Until the core closes, extend every delivery whose lease is ``extend_after_ms`` old.
+
+        Deliveries waiting for a free handler count too: the server's clock runs for them too.
+        """
+        after_s = self.extend_after_ms / 1000
+        tick_s = min(max(after_s / 4, 0.005), 1.0)
+        while not self.closing:
+            await self.wait_closed(tick_s)
+            due = self.ledger.due_for_extension(time.monotonic(), after_s)
+            # A proxy that left the cluster has handed its queues over: nothing to extend there.
+            due = {i: ds for i, ds in due.items() if not self._retired[i]}
+            if due:
+                await asyncio.gather(
+                    *(
+                        extend(self.clients[i], self.group, self.extend_lease_ms, self.ledger, ds)
+                        for i, ds in due.items()
+                    )
+                )
+
+    async def _rediscover(self) -> None:
+        """Until the consumer stops, ask ``GET /v1/cluster`` every ``discover_interval_ms`` (the
+        proxies pulled from, then the given ones) and pull from exactly the live members."""
+        interval_s = self.config.discover_interval_ms / 1000
+        while not self._stopping:
+            await self.pause(interval_s, lambda: self._stopping)
+            if self._stopping:
+                return
+            try:
+                members = await adiscover([*self.active_clients(), *self._seeds])
+            except ClientError as exc:
+                cluster_log.warning("re-discovering the proxies of %r failed: %s", self.group, exc)
+                continue
+            if members:
+                self.use_servers(members)

@@ -1,19 +1,17 @@
-"""Lease extension: keep a slow handler's message from timing out and being redelivered."""
+"""Lease extension: keep a slow handler's message from timing out and being redelivered.
+
+The lease keeper (``ConsumerCore._keep_leases``) calls ``extend`` for what is due."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
 
+from consumer_sdk.client import AsyncClient
 from consumer_sdk.config import NO_RETRY, ConsumerConfig
 from consumer_sdk.errors import ClientError
 
-from ._ledger import Delivery
-
-if TYPE_CHECKING:
-    from ._core import ConsumerCore
+from ._ledger import Delivery, Ledger
 
 log = logging.getLogger("consumer_sdk.consumer")
 
@@ -37,30 +35,16 @@ def lease_settings(cfg: ConsumerConfig, ack_timeout_ms: int | None) -> tuple[int
     return after_ms, lease_ms
 
 
-async def keep_leases(core: ConsumerCore) -> None:
-    """Until the core closes, extend every delivery whose lease is ``extend_after_ms`` old.
-
-    Deliveries waiting for a free handler count too: the server's clock runs for them as well.
-    """
-    after_s = core.extend_after_ms / 1000
-    tick_s = min(max(after_s / 4, 0.005), 1.0)
-    while not core.closing:
-        await core.wait_closed(tick_s)
-        due = core.ledger.due_for_extension(time.monotonic(), after_s)
-        # A proxy that left the cluster has handed its queues over: nothing to extend there.
-        due = {i: ds for i, ds in due.items() if not core.retired(i)}
-        if due:
-            await asyncio.gather(*(_extend(core, i, ds) for i, ds in due.items()))
-
-
-async def _extend(core: ConsumerCore, index: int, deliveries: list[Delivery]) -> None:
-    client = core.clients[index]
+async def extend(
+    client: AsyncClient, group: str, lease_ms: int, ledger: Ledger, deliveries: list[Delivery]
+) -> None:
+    """Extend the leases of ``deliveries`` (all from ``client``'s server) by ``lease_ms``."""
     now = time.monotonic()
     try:
         answer = await client.extend(
-            core.group,
+            group,
             [d.message.ref for d in deliveries],
-            core.extend_lease_ms,
+            lease_ms,
             retry=NO_RETRY,
             attempts={d.message.ref: d.message.attempt for d in deliveries},
         )
@@ -70,9 +54,9 @@ async def _extend(core: ConsumerCore, index: int, deliveries: list[Delivery]) ->
         return
     for d in deliveries:
         d.leased_at = now
-    core.ledger.count("extended", answer.applied)
+    ledger.count("extended", answer.applied)
     if answer.unknown:
-        core.ledger.count("leases_lost", len(answer.unknown))
+        ledger.count("leases_lost", len(answer.unknown))
         log.warning(
             "%s no longer had %d message(s) in flight when extending, e.g. %s: they timed out "
             "and will be (or were) delivered again",

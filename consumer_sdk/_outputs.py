@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from consumer_sdk.client import AsyncClient
+from consumer_sdk.config import RetryPolicy
 from consumer_sdk.errors import ApiError, ClientError
 from consumer_sdk.models import Produce, QueueResult
 
-from ._ledger import Delivery
+from ._ledger import Delivery, Ledger
 from ._util import message_label
-
-if TYPE_CHECKING:
-    from ._core import ConsumerCore
 
 log = logging.getLogger("consumer_sdk.consumer")
 
@@ -41,27 +39,31 @@ def outputs_of(returned: object) -> list[Produce] | None:
     return None
 
 
-async def send_outputs(core: ConsumerCore, delivery: Delivery, outputs: Sequence[Produce]) -> None:
-    """Ack ``delivery`` with ``outputs`` (one call, retried per the consumer's policy), then
-    let its run go on (``ConsumerCore.outputs_done``)."""
-    cfg, ledger = core.config, core.ledger
+async def send_outputs(
+    client: AsyncClient,
+    group: str,
+    ledger: Ledger,
+    retry: RetryPolicy,
+    delivery: Delivery,
+    outputs: Sequence[Produce],
+) -> bool:
+    """Ack ``delivery`` (from ``client``'s server) with ``outputs``: one call, retried per
+    ``retry``; True when they were stored."""
     index, msg = delivery.server, delivery.message
-    client = core.clients[index]
-    stored = False
     try:
         earlier = ledger.take_results(index)
         if earlier:
             try:
-                await client.ack(core.group, earlier, retry=cfg.retry)
+                await client.ack(group, earlier, retry=retry)
             except ClientError:
                 ledger.restore_results(index, earlier)
                 raise
         result = QueueResult(
             msg.topic, msg.qid, acks=(msg.offset,), attempts=((msg.offset, msg.attempt),)
         )
-        await client.ack(core.group, [result], retry=cfg.retry, produce=outputs)
-        stored = True
+        await client.ack(group, [result], retry=retry, produce=outputs)
         ledger.count("acked")
+        return True
     except ApiError as exc:
         if exc.code != "stale_results":
             _gave_up(client.url, msg, exc)
@@ -75,8 +77,7 @@ async def send_outputs(core: ConsumerCore, delivery: Delivery, outputs: Sequence
             )
     except ClientError as exc:
         _gave_up(client.url, msg, exc)
-    finally:
-        core.outputs_done(delivery, stored)
+    return False
 
 
 def _gave_up(url: str, msg: object, exc: ClientError) -> None:
