@@ -189,6 +189,15 @@ def test_the_store_imports_nothing_of_the_cluster() -> None:
             assert not [t for t in targets if t.startswith("cproxy.cluster")], module
 
 
+def test_the_cluster_uses_only_the_stores_public_cluster_interface() -> None:
+    """No private store module (``_pg_*``, SQL) in ``cproxy/cluster``: it asks the store
+    through ``cproxy.store.cluster_base``."""
+    for module, targets in graph(deferred=True).items():
+        if module.startswith("cproxy.cluster"):
+            used = {t for t in targets if t.startswith("cproxy.store")}
+            assert used <= {"cproxy.store", "cproxy.store.cluster_base"}, (module, used)
+
+
 def test_the_graph_sees_type_only_relative_and_deferred_imports(tmp_path: Path) -> None:
     """The walker itself: a cycle closed under TYPE_CHECKING, through a relative import, and
     one only a function's import closes."""

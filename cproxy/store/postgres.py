@@ -62,7 +62,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from cproxy.errors import QueueNotOwned, StoreError
+from cproxy.errors import ConfigError, QueueNotOwned, StoreError
 from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store import _pg_cluster
 from cproxy.store._pg_cluster import Fence, PgListener
@@ -107,9 +107,12 @@ class PostgresStore(PgLog, PgGroupState):
 
     # -- cluster mode (``cluster_base.ClusterStore``) ------------------------------------------
     async def join_cluster(self, node_id: str) -> None:
+        if self._fence is not None and self._fence.node_id != node_id:
+            raise ConfigError(f"this store joined the cluster as {self._fence.node_id!r} already")
         async with self._conn() as conn:
             await _pg_cluster.ensure_tables(conn)
-        self._fence = Fence(node_id)
+        if self._fence is None:  # joining again keeps the epochs held
+            self._fence = Fence(node_id)
         self._notify_appends = True
 
     def _joined(self) -> Fence:

@@ -12,7 +12,7 @@ import time
 import anyio
 import pytest
 
-from cproxy.errors import QueueNotOwned, StoreError
+from cproxy.errors import ConfigError, QueueNotOwned, StoreError
 from cproxy.model import DeadLetter, Message, NewMessage, QueueProgress
 from cproxy.store.cluster_base import FinalCommit
 from cproxy.store.postgres import PostgresStore
@@ -69,6 +69,18 @@ async def test_a_store_that_has_not_joined_refuses_cluster_calls(stores: StoreFa
         await store.heartbeat("http://127.0.0.1:1", 60_000)
     with pytest.raises(StoreError, match="not joined"):
         await store.claim((1, 0), 60_000, 0)
+
+
+async def test_joining_again_keeps_the_epochs_held_and_one_store_is_one_node(
+    stores: StoreFactory,
+) -> None:
+    store = await cluster_store(stores)
+    q0 = await tid_of(store, 0)
+    assert await store.claim(q0, 60_000, 0) == 1
+    await store.join_cluster("a")
+    await store.commit("billing", {("rides", 0): QueueProgress(1)})  # still held at epoch 1
+    with pytest.raises(ConfigError, match="as 'a' already"):
+        await store.join_cluster("b")
 
 
 async def test_claim_only_free_queues_and_epochs_grow(stores: StoreFactory) -> None:
