@@ -2,7 +2,7 @@
 
 A token holds one or several roles (admin, producer, consumer) and optionally the topics and
 groups it may touch (the scopes apply to each of its roles); the secret is given in plain
-text or as its SHA-256 digest, and only digests are ever compared (``cproxy.api.auth``).
+text or as its SHA-256 digest, and only digests are ever compared (``cproxy.access``).
 ``cproxy token new`` / ``cproxy token hash`` make them.
 """
 

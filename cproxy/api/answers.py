@@ -74,13 +74,18 @@ class MessageRefOut(_Answer, kw_only=True):
     offset: int
 
 
-class Message(_Answer, kw_only=True):
-    topic: str
-    qid: int
-    offset: int
+class StoredMessage(MessageRefOut, kw_only=True):
+    """What every answer that shows a message shows of it."""
+
     key: str | None
     body: Any
     headers: dict[str, str] | None
+    produced_at_ms: int
+
+
+class Message(StoredMessage, kw_only=True):
+    """A delivered message."""
+
     attempt: Annotated[
         int,
         msgspec.Meta(
@@ -96,7 +101,6 @@ class Message(_Answer, kw_only=True):
             "max_attempts counts."
         ),
     ]
-    produced_at_ms: int
     #: With ``max_per_key`` > 1: the position of the first message of this one's run.
     run: int | None = None
     replay: Annotated[
@@ -113,11 +117,8 @@ class ResultsOutcome(_Answer, kw_only=True):
     unknown: list[MessageRefOut]
 
 
-class ProducedOut(_Answer, kw_only=True):
+class ProducedOut(AppendOutcome, kw_only=True):
     topic: str
-    qid: int
-    offset: int
-    duplicate: bool
 
 
 class AckOutcome(ResultsOutcome, kw_only=True):
@@ -150,15 +151,8 @@ class TopicEntry(_Answer, kw_only=True):
     transform: str | None = None
 
 
-class BrowsedMessage(_Answer, kw_only=True):
-    topic: str
-    qid: int
-    offset: int
-    key: str | None
-    body: Any
-    headers: dict[str, str] | None
+class BrowsedMessage(StoredMessage, kw_only=True):
     id: str | None
-    produced_at_ms: int
     deliver_at_ms: int | None
 
 
@@ -284,15 +278,8 @@ class SeekAnswer(_Answer, kw_only=True):
     offsets: list[SeekOffset]
 
 
-class DeadLetterOut(_Answer, kw_only=True):
-    topic: str
-    qid: int
-    offset: int
-    key: str | None
+class DeadLetterOut(StoredMessage, kw_only=True):
     id: str | None
-    body: Any
-    headers: dict[str, str] | None
-    produced_at_ms: int
     attempts: Annotated[
         int, msgspec.Meta(description="Charged deliveries (fails and ack timeouts).")
     ]

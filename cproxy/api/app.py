@@ -10,13 +10,13 @@ import anyio
 from fastapi import FastAPI
 
 from cproxy import __version__
+from cproxy.access import Authorizer
 from cproxy.broker import Broker
 from cproxy.config import Settings
 from cproxy.metrics import Metrics
 from cproxy.store.base import Store
 
 from . import cluster, errors, groups, health, openapi, topics, ui
-from .auth import Authorizer
 from .endpoint import Endpoint, route
 
 logger = logging.getLogger(__name__)

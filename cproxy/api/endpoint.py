@@ -27,7 +27,7 @@ every module's list, ``openapi.py`` documents it from the same declaration.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from re import Pattern
 from typing import Any, Generic, Protocol, TypeVar
 from urllib.parse import parse_qsl
@@ -36,12 +36,12 @@ import msgspec
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from cproxy.access import Action, Authorizer
 from cproxy.broker import Broker, WatchGone, watch_with_task
 from cproxy.errors import CproxyError, TooLarge, UnsupportedMediaType
 from cproxy.tokens import Token
 
 from . import errors
-from .auth import Action, Authorizer, check_path
 from .errors import JSON, BadBody, Reply
 
 logger = logging.getLogger(__name__)
@@ -351,3 +351,22 @@ class RouteTable:
             if match is not None:
                 return endpoint, match.groupdict()
         return None
+
+
+def check_path(
+    authorizer: Authorizer,
+    broker: Broker,
+    token: Token | None,
+    action: Action,
+    params: Mapping[str, str],
+) -> None:
+    """Raise ``Forbidden`` unless ``token`` may do ``action`` on the path's topic/group (the
+    prologue of every endpoint, below)."""
+    if token is None:
+        return
+    topics: list[str] = [params["topic"]] if "topic" in params else []
+    group = params.get("group")
+    if group is not None and action == "use_group":
+        # A group hands out every topic it reads: the token must cover all of them.
+        topics += broker.group_topics(group) or []
+    authorizer.check(token, action, topics, group)

@@ -57,14 +57,13 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
 
 def browsed(topic_name: str, qid: int, rows: Sequence[Message], next_offset: int) -> dict[str, Any]:
     """Stored messages read without a group, and the offset to continue from."""
-    out = []
-    for m in rows:
-        item = message_json(m)
-        item["id"] = m.id
-        item["produced_at_ms"] = m.produced_at_ms
-        item["deliver_at_ms"] = m.deliver_at_ms
-        out.append(item)
+    out = [_stored(m, deliver_at_ms=m.deliver_at_ms) for m in rows]
     return {"topic": topic_name, "qid": qid, "messages": out, "next": next_offset}
+
+
+def _stored(m: Message, **extra: Any) -> dict[str, Any]:
+    """A stored message as every answer but a pull shows it (``answers.StoredMessage``)."""
+    return {**message_json(m), "id": m.id, "produced_at_ms": m.produced_at_ms, **extra}
 
 
 class _Stored(msgspec.Struct, gc=False):
@@ -213,16 +212,17 @@ def group_view(view: GroupView) -> dict[str, Any]:
 
 
 def dead_letters(rows: Iterable[DeadLetter]) -> dict[str, Any]:
-    out = []
-    for d in rows:
-        item = message_json(d.message)
-        item["id"] = d.message.id
-        item["produced_at_ms"] = d.message.produced_at_ms
-        item["attempts"] = d.attempts
-        item["last_error"] = d.last_error
-        item["dead_lettered_at_ms"] = d.dead_lettered_at_ms
-        out.append(item)
-    return {"dead_letters": out}
+    return {
+        "dead_letters": [
+            _stored(
+                d.message,
+                attempts=d.attempts,
+                last_error=d.last_error,
+                dead_lettered_at_ms=d.dead_lettered_at_ms,
+            )
+            for d in rows
+        ]
+    }
 
 
 def blocked_keys(rows: Iterable[BlockedKey]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Bearer-token auth (docs/api.md "Auth", role table in cproxy/api/auth.py): 401 without a valid
+"""Bearer-token auth (docs/api.md "Auth", role table in cproxy/access.py): 401 without a valid
 token, 403 outside the token's role or scope, and the allowed calls work."""
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def test_consumer_cannot_read_topics_outside_its_scope(server_factory: ServerFac
     """A consumer token limited to topic a must not receive or move topic b, even when an admin
     made its group read b too ("403 outside its scope").
 
-    BUG (scope leak): cproxy/api/auth.py checks a consumer's topic scope only on
+    BUG (scope leak): cproxy/access.py checks a consumer's topic scope only on
     ``PUT /v1/groups/{group}``; pull, seek (and the other group calls) check just the group
     name, so the consumer below receives topic b's message and can seek on b.
     """

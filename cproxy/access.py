@@ -1,4 +1,6 @@
-"""Bearer-token auth: roles and topic/group scopes, decided here and nowhere else.
+"""Who may do what: bearer tokens' roles and topic/group scopes, decided here and nowhere
+else. The HTTP layer identifies the token (one ``Authorization`` header) and asks this
+module; nothing here knows HTTP.
 
 =================  =====  ========  ========
 action             admin  producer  consumer
@@ -32,10 +34,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Literal
 
-from cproxy.broker import Broker, GroupSummary
+from cproxy.broker.views import GroupSummary
 from cproxy.config import Settings
 from cproxy.errors import Forbidden, InvalidToken, Unauthorized
 from cproxy.model import TopicInfo
@@ -172,22 +174,3 @@ class Authorizer:
         (the group in its group scope and every topic the group reads in its topic scope;
         none for a producer, which cannot use groups)."""
         return [g for g in groups if self.allows(token, "use_group", g.topics, g.name)]
-
-
-def check_path(
-    authorizer: Authorizer,
-    broker: Broker,
-    token: Token | None,
-    action: Action,
-    params: Mapping[str, str],
-) -> None:
-    """Raise ``Forbidden`` unless ``token`` may do ``action`` on the path's topic/group (the
-    prologue of every endpoint, ``endpoint.py``)."""
-    if token is None:
-        return
-    topics: list[str] = [params["topic"]] if "topic" in params else []
-    group = params.get("group")
-    if group is not None and action == "use_group":
-        # A group hands out every topic it reads: the token must cover all of them.
-        topics += broker.group_topics(group) or []
-    authorizer.check(token, action, topics, group)
