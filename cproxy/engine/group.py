@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Final
 
-from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap, earliest
 from cproxy.engine.expressions import Screen
@@ -40,7 +39,7 @@ from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import Delivery, Outcome
-from cproxy.engine.work import ATTEMPT_RESERVE, Entry, State, Tally
+from cproxy.engine.work import ATTEMPT_RESERVE, Chain, Entry, State, Tally
 from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
 
 # Final: see cproxy/_native.py.

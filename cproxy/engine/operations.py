@@ -16,7 +16,6 @@ from typing import Final
 
 from mypy_extensions import trait
 
-from cproxy.engine.chains import Chain
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.progress import committed_offset, parked_by_queue
@@ -24,7 +23,7 @@ from cproxy.engine.reader import Reader
 from cproxy.engine.records import CommitBatch, Counters
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import BlockedKey, GroupStats, Outcome, QueuePosition, TopicCounts
-from cproxy.engine.work import Entry, State, Tally
+from cproxy.engine.work import Chain, Entry, State, Tally
 from cproxy.errors import BlockedKeyNotFound, NotBlocked, ReplayInProgress
 from cproxy.model import DeadLetter, Message, MessageRef, QueueRef
 

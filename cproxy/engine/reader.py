@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
-from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.deadlines import earliest
 from cproxy.engine.orderkey import by_key
 from cproxy.engine.readback import ReadBack
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
-from cproxy.engine.work import Entry, State, Tally
+from cproxy.engine.work import Chain, Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 
 #: Largest read the reader asks for at once, in messages.
