@@ -1,17 +1,18 @@
 """Operator actions: seek, dead letters (list, redrive, delete, expire), blocked keys, skip,
 release, and the message browser (reading stored messages without any group).
 
-``Broker`` methods (mixed in from here, as ``hosting.QueueHosting`` is) that the admin API and
-the console call; each looks the group up by name and hands the action to its runner.
+``OperatorActions``, a collaborator the ``Broker`` owns (``Broker.operator``), is what the admin
+API and the console call; each verb looks the group up by name and hands the action to its
+runner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from cproxy.engine.snapshots import BlockedKey
 from cproxy.errors import InvalidRequest
-from cproxy.model import DeadLetter, Message, MessageRef, TopicInfo
+from cproxy.model import DeadLetter, Message, MessageRef
 from cproxy.placement import queue_for_key
 
 from .clock import now_ms
@@ -21,19 +22,31 @@ from .topics import SeekTarget, Topics
 
 
 class OperatorActions:
-    """Operator verbs of ``Broker`` (which sets this state)."""
+    """Operator verbs over the broker's groups.
 
-    _topics: Topics
-    announce_redrive: Callable[[str, str | None], Awaitable[None]] | None
-    _runner: Callable[[str], GroupRunner]
-    _check_open: Callable[[], None]
-    groups: dict[str, GroupRunner]
-    topic: Callable[[str], TopicInfo]
+    ``runner(name)`` finds a live group's runner (refused while the broker shuts down);
+    ``groups`` are the live runners by name; ``check_open`` refuses work while the broker
+    shuts down; ``announce_redrive(group, topic)`` tells the cluster's peers of a redrive
+    (a no-op on a single proxy)."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        groups: Mapping[str, GroupRunner],
+        runner: Callable[[str], GroupRunner],
+        check_open: Callable[[], None],
+        announce_redrive: Callable[[str, str | None], Awaitable[None]],
+    ) -> None:
+        self._topics = topics
+        self._groups = groups
+        self._runner = runner
+        self._check_open = check_open
+        self._announce_redrive = announce_redrive
 
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
         """Move a group's position on one queue (or all queues) of ``topic``."""
         runner = self._runner(name)
-        self.topic(topic)
+        self._topics.get(topic)
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         targets = await self._topics.seek_targets(topic, qid, to)
@@ -51,7 +64,7 @@ class OperatorActions:
         does that).
         """
         runner = self._runner(name)
-        info = self.topic(topic)
+        info = self._topics.get(topic)
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         spec = runner.config.topics[topic].spec
@@ -106,8 +119,7 @@ class OperatorActions:
         count = 0
         for t in topics:
             count += await runner.redrive(t)
-            if self.announce_redrive is not None:
-                await self.announce_redrive(name, t)
+            await self._announce_redrive(name, t)
         return count
 
     async def delete_dead_letters(
@@ -137,7 +149,7 @@ class OperatorActions:
         loses those older than that; returns how many were deleted."""
         deleted = 0
         now = now_ms()
-        for runner in list(self.groups.values()):
+        for runner in list(self._groups.values()):
             keep_ms = runner.config.dead_letter_retention_ms
             if keep_ms is not None:
                 deleted += await runner.delete_dead_letters(None, None, now - keep_ms)
