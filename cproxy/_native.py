@@ -51,6 +51,7 @@ MODULES = (
     "cproxy.engine.cursor",
     "cproxy.engine.deadlines",
     "cproxy.engine.delays",
+    "cproxy.engine.effects",
     "cproxy.engine.expressions",
     "cproxy.engine.group",
     "cproxy.engine.group_config",

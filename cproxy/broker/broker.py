@@ -253,7 +253,7 @@ class Broker:
             for runner in list(self.groups.values()):
                 if runner.reads(topic):
                     for qid, min_offset in moved.items():
-                        lost += runner.note_retention(topic, qid, min_offset)
+                        lost += runner.operator.note_retention(topic, qid, min_offset)
         await self.operator.expire_dead_letters()
         return lost
 
@@ -388,7 +388,7 @@ class Broker:
         runner = self._runner(name)
         stats = runner.stats()
         dead = runner.dead_letter_count + stats.pending_dead_letters
-        oldest = await runner.oldest_unfinished_at_ms(stats)
+        oldest = await runner.operator.oldest_unfinished_at_ms(stats)
         now = now_ms()
         age = None if oldest is None else max(0, now - oldest)
         activity = runner.activity

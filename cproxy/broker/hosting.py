@@ -61,7 +61,7 @@ class QueueHosting:
         if self.owned is not None:
             self.owned.add((topic, qid))
         for runner in self._readers(topic):
-            await runner.add_queue(topic, qid)
+            await runner.queues.add_queue(topic, qid)
 
     async def reconcile(self, runner: GroupRunner) -> None:
         """Make a just-opened runner serve exactly the owned queues of its topics: a queue
@@ -76,13 +76,13 @@ class QueueHosting:
         while True:
             before = (set(owned), set(self.releasing))
             for topic, qid in sorted(before[0]):
-                await runner.add_queue(topic, qid)  # a no-op for queues it serves already
+                await runner.queues.add_queue(topic, qid)  # a no-op for queues it serves already
                 if (topic, qid) in self.releasing:
-                    runner.pause_queue(topic, qid)
+                    runner.queues.pause_queue(topic, qid)
             for topic in runner.config.topics:
                 for stats in await self._store.queue_stats(topic):
                     if (topic, stats.qid) not in owned:
-                        runner.drop_queue(topic, stats.qid)
+                        runner.queues.drop_queue(topic, stats.qid)
             if (owned, self.releasing) == before:
                 return
 
@@ -90,11 +90,11 @@ class QueueHosting:
         """The queue is being released: hand out nothing new from it, take results."""
         self.releasing.add((topic, qid))
         for runner in self._readers(topic):
-            runner.pause_queue(topic, qid)
+            runner.queues.pause_queue(topic, qid)
 
     def in_flight_on(self, topic: str, qid: int) -> int:
         """Messages of the queue handed out and not answered, over all groups."""
-        return sum(r.in_flight_on(topic, qid) for r in self._readers(topic))
+        return sum(r.queues.in_flight_on(topic, qid) for r in self._readers(topic))
 
     def drop_queue(self, topic: str, qid: int) -> None:
         """Stop serving the queue in every group (handed over, or lost)."""
@@ -102,14 +102,14 @@ class QueueHosting:
             self.owned.discard((topic, qid))
         self.releasing.discard((topic, qid))
         for runner in self._readers(topic):
-            runner.drop_queue(topic, qid)
+            runner.queues.drop_queue(topic, qid)
 
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """Another proxy appended to the queue; its owner (maybe us) reads the news."""
         if self.owned is not None and (topic, qid) not in self.owned:
             return
         for runner in self._readers(topic):
-            runner.note_end(topic, qid, end_offset)
+            runner.queues.note_end(topic, qid, end_offset)
 
     async def know_topic(self, name: str) -> None:
         """A topic this proxy has not seen may have been created through another one

@@ -50,7 +50,7 @@ class OperatorActions:
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         targets = await self._topics.seek_targets(topic, qid, to)
-        await runner.seek(topic, targets)
+        await runner.operator.seek(topic, targets)
         return targets
 
     async def replay(
@@ -75,7 +75,9 @@ class OperatorActions:
             )
         qids = [queue_for_key(order_value, info.queues)] if spec == "key" else range(info.queues)
         starts = await self._topics.replay_starts(topic, qids, start)
-        replaying = await runner.replay(topic, order_value, {q: b for q, (b, _) in starts.items()})
+        replaying = await runner.operator.replay(
+            topic, order_value, {q: b for q, (b, _) in starts.items()}
+        )
         return replaying, sum(lost for _, lost in starts.values())
 
     async def commit(self, name: str) -> None:
@@ -90,7 +92,7 @@ class OperatorActions:
         ``within`` (a token's topic scope; None: any) keeps only dead letters of those
         topics: a group keeps the dead letters of topics it no longer reads.
         """
-        return await self._runner(name).dead_letters(topic, limit, within)
+        return await self._runner(name).operator.dead_letters(topic, limit, within)
 
     async def redrive(
         self,
@@ -111,14 +113,14 @@ class OperatorActions:
             outside = sorted({r[0] for r in refs if within is not None and r[0] not in within})
             if outside:
                 raise InvalidRequest(f"dead letters of topic(s) {outside} are outside the scope")
-            return await runner.redrive(topic, refs)
+            return await runner.operator.redrive(topic, refs)
         topics = topics_in_scope(topic, within)
         if topic is None and within is not None:
             # Only dead letters of topics the group reads are delivered again; others stay put.
             topics = [t for t in topics if t in runner.config.topics]
         count = 0
         for t in topics:
-            count += await runner.redrive(t)
+            count += await runner.operator.redrive(t)
             await self._announce_redrive(name, t)
         return count
 
@@ -139,10 +141,10 @@ class OperatorActions:
         runner = self._runner(name)
         if refs is not None:
             refs = [r for r in refs if within is None or r[0] in within]
-            return await runner.delete_dead_letters(None, refs)
+            return await runner.operator.delete_dead_letters(None, refs)
         if within is not None and topic not in within:
             return 0
-        return await runner.delete_dead_letters(topic, None)
+        return await runner.operator.delete_dead_letters(topic, None)
 
     async def expire_dead_letters(self) -> int:
         """The retention pass over dead letters: each group with ``dead_letter_retention_ms``
@@ -152,7 +154,7 @@ class OperatorActions:
         for runner in list(self._groups.values()):
             keep_ms = runner.config.dead_letter_retention_ms
             if keep_ms is not None:
-                deleted += await runner.delete_dead_letters(None, None, now - keep_ms)
+                deleted += await runner.operator.delete_dead_letters(None, None, now - keep_ms)
         return deleted
 
     async def browse(
@@ -181,10 +183,10 @@ class OperatorActions:
         self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
     ) -> MessageRef:
         """Dead-letter a retrying or exhausted head (by order value, or by ref if unordered)."""
-        return self._runner(name).skip(topic, order_value, ref)
+        return self._runner(name).operator.skip(topic, order_value, ref)
 
     def release(
         self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
     ) -> MessageRef:
         """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
-        return self._runner(name).release(topic, order_value, ref)
+        return self._runner(name).operator.release(topic, order_value, ref)

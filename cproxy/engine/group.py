@@ -25,6 +25,7 @@ from typing import Final
 
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.deadlines import DeadlineHeap, earliest
+from cproxy.engine.effects import COMMIT, DEADLINE, FETCH, READY
 from cproxy.engine.expressions import Screen
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.operations import Operations
@@ -116,6 +117,24 @@ class GroupEngine(Operations, QueueSet):
         #: Deliveries set aside by ``hold`` while their results are persisted with outputs,
         #: with the ack deadline each had.
         self._held: dict[MessageRef, tuple[Entry, int]] = {}
+        #: What the calls since the last ``take_effects`` made due (``cproxy.engine.effects``).
+        self._effects = 0
+
+    def take_effects(self) -> int:
+        """The wake-ups the calls since the last take made due (``cproxy.engine.effects``
+        bits), then none: the driver wakes its loops from these, in one place."""
+        effects = self._effects
+        self._effects = 0
+        return effects
+
+    def _finished_effects(self) -> int:
+        """What deliveries finishing (acked, dead-lettered, timed out) make due: reads into
+        freed buffer space or for a reload, and persisting new dead letters. Reads that only
+        time brings (delay rescans, waking chains) are the timer's (``tick``)."""
+        effects = FETCH if self.wants_fetch() else 0
+        if self._pending.dead_letters:
+            effects |= COMMIT
+        return effects
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
@@ -128,6 +147,7 @@ class GroupEngine(Operations, QueueSet):
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """The store's next offset for a queue grew (a produce landed)."""
         self._reader.note_end(topic, qid, end_offset)
+        self._effects |= FETCH
 
     def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up.
@@ -136,7 +156,9 @@ class GroupEngine(Operations, QueueSet):
         buffer; otherwise (False) the queue's end moves and a later fetch reads them. A read
         already under way for the same offsets is then recognised as stale.
         """
-        return self._reader.offer(topic, qid, messages)
+        taken = self._reader.offer(topic, qid, messages)
+        self._effects |= READY if taken else FETCH
+        return taken
 
     def wants_fetch(self) -> bool:
         """Whether ``plan_fetches`` may plan a read without time passing: a queue has
@@ -154,6 +176,8 @@ class GroupEngine(Operations, QueueSet):
     def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
         """Hand back what the store returned for ``request`` (its range, unfiltered)."""
         self._reader.on_read(request, messages)
+        if self.has_ready():
+            self._effects |= READY
 
     def on_fetch_failed(self, request: FetchRequest) -> None:
         """``request`` could not be read: plan it again later."""
@@ -180,7 +204,7 @@ class GroupEngine(Operations, QueueSet):
         waiting behind it (a same-key run, in offset order): the consumer handles them in
         order, and a fail at one sends the rest of the run back behind it.
         """
-        self.tick(now_ms)
+        self._expire(now_ms)
         names = (
             list(self._counters) if topics is None else [t for t in topics if t in self._counters]
         )
@@ -205,9 +229,13 @@ class GroupEngine(Operations, QueueSet):
             self._counters[topic].delivered += len(out) - before
             if len(out) >= max_messages:
                 break
-        self._timeouts.push_all(deadline, sent)
-        for entry in sent:
-            entry.consumer = consumer
+        if sent:
+            self._timeouts.push_all(deadline, sent)
+            for entry in sent:
+                entry.consumer = consumer
+            # Half the reserved delivery numbers used: persist more now, so a crash cannot
+            # come before they are (docs/guarantees.md, fenced deliveries).
+            self._effects |= (DEADLINE | COMMIT) if self.needs_reserve else DEADLINE
         return out
 
     def _send(
@@ -265,6 +293,9 @@ class GroupEngine(Operations, QueueSet):
         self._compact_heaps()
         if latencies and self._on_ack_latency_s is not None:
             self._on_ack_latency_s(latencies)
+        if applied:
+            effects = self._finished_effects() | DEADLINE
+            self._effects |= (effects | READY) if self.has_ready() else effects
         return Outcome(applied, unknown)
 
     def _take_in_flight(self, result: Result, offset: int) -> Entry | None:
@@ -314,7 +345,16 @@ class GroupEngine(Operations, QueueSet):
 
     def tick(self, now_ms: int) -> None:
         """Expire ack deadlines, make due retries and delayed messages ready, and wake the
-        sleeping delayed chains due soon (their reloads are planned by the next fetch)."""
+        sleeping delayed chains due soon (their reloads are planned by the next fetch).
+
+        The driver's timer calls it: time may have made reads due (delay rescans, waking
+        chains), so a fetch is always due after it."""
+        self._expire(now_ms)
+        effects = self._finished_effects() | FETCH
+        self._effects |= (effects | READY) if self.has_ready() else effects
+
+    def _expire(self, now_ms: int) -> None:
+        """``tick``'s state change, without effects (``pull`` runs it first)."""
         self._now_ms = max(self._now_ms, now_ms)
         self._seq.advance(now_ms)
         for entry in self._timeouts.pop_due(now_ms):

@@ -17,6 +17,7 @@ from typing import Final
 from mypy_extensions import trait
 
 from cproxy.engine.deadlines import DeadlineHeap
+from cproxy.engine.effects import COMMIT, FETCH, READY
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.progress import committed_offset, parked_by_queue
 from cproxy.engine.reader import Reader
@@ -55,6 +56,7 @@ class Operations:
     _retries: DeadlineHeap
     _pending: CommitBatch
     _max_issued: int
+    _effects: int
 
     # GroupEngine's own methods. Declared as methods, not as attributes of a Callable type:
     # in a compiled trait an attribute is a slot, which a method of the class does not fill.
@@ -100,6 +102,7 @@ class Operations:
         for qid, offset in targets.items():
             # What is read again may have been handed out: numbered above all so far.
             self._reader.reset(topic, qid, offset, self._max_issued)
+        self._effects |= FETCH
 
     def redrive(self, dead_letters: Sequence[DeadLetter]) -> int:
         """Deliver dead letters again, in the given (original) order; returns how many.
@@ -126,6 +129,8 @@ class Operations:
             entry.attempt = base
             self._seq.admit(entry, self._order_value(message), force=True)
             count += 1
+        if count:
+            self._effects |= READY
         return count
 
     def replay_bounds(self, topic: str) -> dict[int, int]:
@@ -177,6 +182,7 @@ class Operations:
             entries.append(entry)
         if entries:
             self._seq.replay(topic, value, entries)
+            self._effects |= READY
         return len(entries)
 
     def blocked_keys(self, now_ms: int, topic: str | None = None) -> list[BlockedKey]:
@@ -233,6 +239,7 @@ class Operations:
         self._exhausted.pop(entry.message.ref, None)
         entry.last_error = f"{entry.last_error or 'blocked'} (skipped by operator)"
         self._dead_letter(entry, now_ms)
+        self._effects |= READY | FETCH | COMMIT
         return entry.message.ref
 
     def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
@@ -243,6 +250,7 @@ class Operations:
         entry.charged = 0
         entry.blocked_since_ms = -1
         self._seq.retry_now(entry)
+        self._effects |= READY
         return entry.message.ref
 
     def _find_blocked(self, topic: str, order_value: str | None, ref: MessageRef | None) -> Entry:
@@ -382,6 +390,8 @@ class Operations:
             del self._in_flight[ref]
             self._seq.retry_now(entry)
         self._compact_heaps()
+        if applied:
+            self._effects |= READY
         return Outcome(applied, unknown)
 
     def on_retention(self, topic: str, qid: int, min_offset: int) -> int:
@@ -390,6 +400,8 @@ class Operations:
         lost = self._reader.skip_to(topic, qid, min_offset)
         if topic in self._counters:
             self._counters[topic].lost_to_retention += lost
+        # A position moved: read from there; a skip is persisted at once.
+        self._effects |= (READY | FETCH | COMMIT) if lost else (READY | FETCH)
         return lost
 
     def _is_finished(self, message: Message) -> bool:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from mypy_extensions import trait
 
+from cproxy.engine.effects import FETCH, READY
 from cproxy.engine.reader import Reader
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.work import ATTEMPT_RESERVE, Entry
@@ -35,6 +36,7 @@ class QueueSet:
     _paused: dict[QueueRef, list[Entry]]
     _max_issued: int
     _ceiling: int
+    _effects: int
 
     # Methods of GroupEngine and Operations (see ``Operations`` for why not attributes).
     def progress(self) -> dict[QueueRef, QueueProgress]:
@@ -69,6 +71,7 @@ class QueueSet:
         self._ceiling = max(self._ceiling, base + ATTEMPT_RESERVE)
         self._reader.add_queue(ref, progress, end_offset, base)
         self._persisted[ref] = progress
+        self._effects |= FETCH
 
     def pause_queue(self, topic: str, qid: int) -> None:
         """Hand out nothing new from the queue (it is being released)."""
@@ -106,3 +109,4 @@ class QueueSet:
         self.seek(topic, {qid: 0})
         self._reader.remove_queue(ref)
         self._persisted.pop(ref, None)
+        self._effects |= READY
