@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 #: ``api/items.py``, compiled, builds them).
 MODULES = (
     "cproxy._message",
+    "cproxy.engine.blocked",
     "cproxy.engine.chains",
     "cproxy.engine.cursor",
     "cproxy.engine.deadlines",
@@ -55,12 +56,11 @@ MODULES = (
     "cproxy.engine.expressions",
     "cproxy.engine.group",
     "cproxy.engine.group_config",
+    "cproxy.engine.in_flight",
     "cproxy.engine.offsets",
-    "cproxy.engine.operations",
     "cproxy.engine.orderkey",
     "cproxy.engine.progress",
     "cproxy.engine.push_config",
-    "cproxy.engine.queue_set",
     "cproxy.engine.readback",
     "cproxy.engine.reader",
     "cproxy.engine.records",
