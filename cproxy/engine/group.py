@@ -63,6 +63,12 @@ from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRe
 # Final: see cproxy/_native.py.
 _IN_FLIGHT: Final = State.IN_FLIGHT
 _OUT: Final = State.OUT
+#: An effect bit of the engine's own: deliveries finished or time passed. ``take_effects``
+#: turns it into what that made due, from the state then: once per take, not per call.
+_FINISHED: Final = 16
+#: Another of its own: messages were read into memory; ``take_effects`` reports ``READY`` if
+#: work is ready then.
+_READ: Final = 32
 #: Head states that do not block their key: ready, or delayed (waiting for its time).
 _NOT_BLOCKED: Final = (State.READY, State.DELAYED)
 
@@ -139,16 +145,20 @@ class GroupEngine:
         bits), then none: the driver wakes its loops from these, in one place."""
         effects = self._effects
         self._effects = 0
-        return effects
-
-    def _finished_effects(self) -> int:
-        """What deliveries finishing (acked, dead-lettered, timed out) make due: reads into
-        freed buffer space or for a reload, and persisting new dead letters. Reads that only
-        time brings (delay rescans, waking chains) are the timer's (``tick``)."""
-        effects = FETCH if self.wants_fetch() else 0
-        if self._pending.dead_letters:
-            effects |= COMMIT
-        return effects
+        if effects & _FINISHED:
+            # Deliveries finished (acked, dead-lettered, timed out): reads into freed buffer
+            # space or for a reload, new dead letters to persist, work made ready. Reads that
+            # only time brings (delay rescans, waking chains) are the timer's (``tick``).
+            effects ^= _FINISHED
+            if self.wants_fetch():
+                effects |= FETCH
+            if self._pending.dead_letters:
+                effects |= COMMIT
+            if self.has_ready():
+                effects |= READY
+        elif effects & _READ and self.has_ready():
+            effects |= READY
+        return effects & ~_READ
 
     def _order_value(self, message: Message) -> str | None:
         return self._extract[message.topic](message)
@@ -190,8 +200,7 @@ class GroupEngine:
     def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
         """Hand back what the store returned for ``request`` (its range, unfiltered)."""
         self._reader.on_read(request, messages)
-        if self.has_ready():
-            self._effects |= READY
+        self._effects |= _READ
 
     def on_fetch_failed(self, request: FetchRequest) -> None:
         """``request`` could not be read: plan it again later."""
@@ -305,8 +314,7 @@ class GroupEngine:
         if latencies and self._on_ack_latency_s is not None:
             self._on_ack_latency_s(latencies)
         if applied:
-            effects = self._finished_effects() | DEADLINE
-            self._effects |= (effects | READY) if self.has_ready() else effects
+            self._effects |= _FINISHED | DEADLINE
         return Outcome(applied, unknown)
 
     def extend(
@@ -329,8 +337,7 @@ class GroupEngine:
         The driver's timer calls it: time may have made reads due (delay rescans, waking
         chains), so a fetch is always due after it."""
         self._expire(now_ms)
-        effects = self._finished_effects() | FETCH
-        self._effects |= (effects | READY) if self.has_ready() else effects
+        self._effects |= _FINISHED | FETCH
 
     def _expire(self, now_ms: int) -> None:
         """``tick``'s state change, without effects (``pull`` runs it first)."""
