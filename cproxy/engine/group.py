@@ -66,8 +66,8 @@ _OUT: Final = State.OUT
 #: An effect bit of the engine's own: deliveries finished or time passed. ``take_effects``
 #: turns it into what that made due, from the state then: once per take, not per call.
 _FINISHED: Final = 16
-#: Another of its own: messages were read into memory; ``take_effects`` reports ``READY`` if
-#: work is ready then.
+#: Another of its own: messages were read into memory, or time moved for the sequencer;
+#: ``take_effects`` reports ``READY`` if work is ready then.
 _READ: Final = 32
 #: Head states that do not block their key: ready, or delayed (waiting for its time).
 _NOT_BLOCKED: Final = (State.READY, State.DELAYED)
@@ -194,7 +194,8 @@ class GroupEngine:
     def plan_fetches(self, now_ms: int) -> list[FetchRequest]:
         """Reads to make now; empty when the buffer is full or every queue is caught up."""
         self._now_ms = max(self._now_ms, now_ms)
-        self._seq.advance(now_ms)
+        self._seq.advance(now_ms)  # (may make delayed heads due: ready work to report)
+        self._effects |= _READ
         return self._reader.plan(now_ms)
 
     def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
