@@ -113,7 +113,7 @@ async def run_concurrent(
     await store.open()
     try:
         await store.create_topic("bench", args.queues)
-        writer = store._db._writer  # white box: how many transactions the calls needed
+        writer = store._db._tx  # white box: how many transactions the calls needed
         tx_before, writes_before = writer.transactions, writer.writes
         now_ms, window = int(time.time() * 1000), 60_000 if case.with_ids else 0
 

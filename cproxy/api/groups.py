@@ -116,7 +116,7 @@ async def seek(call: Call[Seek, None]) -> bytes:
     body = call.body
     call.check_topics([body.topic])
     to = body.to if isinstance(body.to, str | int) else {"timestamp_ms": body.to.timestamp_ms}
-    targets = await call.broker.seek(call.params["group"], body.topic, body.qid, to)
+    targets = await call.broker.operator.seek(call.params["group"], body.topic, body.qid, to)
     return orjson.dumps(wire.seek(body.topic, targets))
 
 
@@ -128,7 +128,7 @@ async def replay(call: Call[Replay, None]) -> bytes:
         if isinstance(body.from_, str | int)
         else {"timestamp_ms": body.from_.timestamp_ms}
     )
-    replaying, lost = await call.broker.replay(
+    replaying, lost = await call.broker.operator.replay(
         call.params["group"], body.topic, body.order_value, start
     )
     return orjson.dumps(wire.replay(replaying, lost))
@@ -139,7 +139,9 @@ async def dead_letters(call: Call[None, DeadLetterQuery]) -> bytes:
     call.check_topics([topic])
     # A group keeps dead letters of topics it no longer reads: filter by each one's topic.
     within = call.authorizer.topic_scope(call.token)
-    rows = await call.broker.dead_letters(call.params["group"], topic, call.query.limit, within)
+    rows = await call.broker.operator.dead_letters(
+        call.params["group"], topic, call.query.limit, within
+    )
     return orjson.dumps(wire.dead_letters(rows))
 
 
@@ -149,7 +151,7 @@ async def redrive(call: Call[Redrive | None, None]) -> bytes:
     call.check_topics([topic, *(m.topic for m in named or ())])
     within = call.authorizer.topic_scope(call.token)
     refs = None if named is None else [(m.topic, m.qid, m.offset) for m in named]
-    count = await call.broker.redrive(call.params["group"], topic, within, refs)
+    count = await call.broker.operator.redrive(call.params["group"], topic, within, refs)
     return orjson.dumps({"redriven": count})
 
 
@@ -159,14 +161,18 @@ async def delete_dead_letters(call: Call[DeleteDeadLetters | None, TopicQuery]) 
     call.check_topics([topic, *(m.topic for m in named)])
     within = call.authorizer.topic_scope(call.token)
     refs = None if call.body is None else [(m.topic, m.qid, m.offset) for m in named]
-    count = await call.broker.delete_dead_letters(call.params["group"], topic, refs, within)
+    count = await call.broker.operator.delete_dead_letters(
+        call.params["group"], topic, refs, within
+    )
     return orjson.dumps({"deleted": count})
 
 
 async def blocked_keys(call: Call[None, BlockedKeysQuery]) -> bytes:
     q = call.query
     call.check_topics([q.topic])
-    rows = call.broker.blocked_keys(call.params["group"], q.topic, q.min_blocked_ms, q.limit)
+    rows = call.broker.operator.blocked_keys(
+        call.params["group"], q.topic, q.min_blocked_ms, q.limit
+    )
     return orjson.dumps(wire.blocked_keys(rows))
 
 
@@ -181,14 +187,14 @@ def _target(body: BlockedKeyAction) -> tuple[str | None, MessageRef | None]:
 async def skip(call: Call[BlockedKeyAction, None]) -> bytes:
     call.check_topics([call.body.topic])
     value, ref = _target(call.body)
-    skipped = call.broker.skip(call.params["group"], call.body.topic, value, ref)
+    skipped = call.broker.operator.skip(call.params["group"], call.body.topic, value, ref)
     return orjson.dumps(wire.ref("skipped", skipped))
 
 
 async def release(call: Call[BlockedKeyAction, None]) -> bytes:
     call.check_topics([call.body.topic])
     value, ref = _target(call.body)
-    released = call.broker.release(call.params["group"], call.body.topic, value, ref)
+    released = call.broker.operator.release(call.params["group"], call.body.topic, value, ref)
     return orjson.dumps(wire.ref("released", released))
 
 

@@ -67,7 +67,7 @@ async def get_topic(call: Call[None, None]) -> bytes:
 
 async def browse(call: Call[None, BrowseQuery]) -> bytes:
     q = call.query
-    found = await call.broker.browse(
+    found = await call.broker.operator.browse(
         call.params["topic"], q.qid, q.from_offset, q.from_ms, q.last, q.limit
     )
     return orjson.dumps(wire.browsed(call.params["topic"], *found))

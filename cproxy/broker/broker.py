@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import NamedTuple
 
 import anyio
@@ -28,6 +28,7 @@ from cproxy.model import (
     Message,
     MessageRef,
     NewMessage,
+    QueueRef,
     QueueStats,
     TopicInfo,
 )
@@ -56,8 +57,12 @@ class Output(NamedTuple):
     delays_ms: Sequence[int | None] | None = None
 
 
-class Broker(QueueHosting, OperatorActions):
-    """Start with ``start(task_group)``; stop with ``stop()``."""
+class Broker:
+    """Start with ``start(task_group)``; stop with ``stop()``.
+
+    Two collaborators it owns carry their own verbs: ``operator`` (``OperatorActions``: seek,
+    dead letters, blocked keys, browse) and ``hosting`` (``QueueHosting``: which queues this
+    proxy serves in cluster mode; the broker's methods of the same names pass on to it)."""
 
     def __init__(
         self,
@@ -87,10 +92,30 @@ class Broker(QueueHosting, OperatorActions):
         self.accepting = False
         self._writes = WriteHealth(store)
         self._retention_scope: anyio.CancelScope | None = None
-        self.owned = None if cluster is None else set()
-        self.releasing = set()
-        self.check_lease = None if cluster is None else cluster.check_lease
-        self.announce_redrive = None if cluster is None else cluster.announce_redrive
+        # Cluster mode (``cluster`` given): groups open serving no queue until the node
+        # claims some (``hosting.QueueHosting``).
+        self.hosting = QueueHosting(
+            store,
+            self._topics,
+            self.groups,
+            self._group_lock,
+            self._open_runner,
+            owned=None if cluster is None else set(),
+        )
+        self.operator = OperatorActions(
+            self._topics, self.groups, self._runner, self._check_open, self._announce_redrive
+        )
+        #: Cluster mode: raises ``StoreError`` (503) while this proxy cannot be sure it still
+        #: owns its queues (its lease ran out locally, e.g. after a pause): pulls, acks and
+        #: extends wait, so nothing is handed out or finished on a queue that moved.
+        self.check_lease: Callable[[], None] | None = (
+            None if cluster is None else cluster.check_lease
+        )
+        #: Cluster mode: tells the peers to redrive the dead letters of their queues too
+        #: (group, topic or None for all).
+        self.announce_redrive: Callable[[str, str | None], Awaitable[None]] | None = (
+            None if cluster is None else cluster.announce_redrive
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def start(self, task_group: TaskGroup) -> None:
@@ -158,7 +183,7 @@ class Broker(QueueHosting, OperatorActions):
             self.push_targets,
         )
         if self.owned is not None:
-            await self.reconcile(runner)  # ownership may have moved while it opened
+            await self.hosting.reconcile(runner)  # ownership may have moved while it opened
         return runner
 
     async def ready(self) -> bool:
@@ -168,6 +193,34 @@ class Broker(QueueHosting, OperatorActions):
     def _check_open(self) -> None:
         if not self.accepting:
             raise ShuttingDown("the server is shutting down")
+
+    async def _announce_redrive(self, name: str, topic: str | None) -> None:
+        if self.announce_redrive is not None:
+            await self.announce_redrive(name, topic)
+
+    # -- cluster mode (``hosting.QueueHosting``; ``cproxy.cluster.node`` calls these) ----------
+    @property
+    def owned(self) -> set[QueueRef] | None:
+        """The queues this proxy serves in cluster mode; None: all (a single proxy)."""
+        return self.hosting.owned
+
+    async def serve_queue(self, topic: str, qid: int) -> None:
+        await self.hosting.serve_queue(topic, qid)
+
+    def pause_queue(self, topic: str, qid: int) -> None:
+        self.hosting.pause_queue(topic, qid)
+
+    def in_flight_on(self, topic: str, qid: int) -> int:
+        return self.hosting.in_flight_on(topic, qid)
+
+    def drop_queue(self, topic: str, qid: int) -> None:
+        self.hosting.drop_queue(topic, qid)
+
+    def note_end(self, topic: str, qid: int, end_offset: int) -> None:
+        self.hosting.note_end(topic, qid, end_offset)
+
+    async def refresh(self) -> None:
+        await self.hosting.refresh()
 
     # -- topics --------------------------------------------------------------------------------
     async def create_topic(
@@ -210,8 +263,8 @@ class Broker(QueueHosting, OperatorActions):
             for runner in list(self.groups.values()):
                 if runner.reads(topic):
                     for qid, min_offset in moved.items():
-                        lost += runner.note_retention(topic, qid, min_offset)
-        await self.expire_dead_letters()
+                        lost += runner.operator.note_retention(topic, qid, min_offset)
+        await self.operator.expire_dead_letters()
         return lost
 
     def list_topics(self) -> list[TopicInfo]:
@@ -238,7 +291,7 @@ class Broker(QueueHosting, OperatorActions):
         """
         self._check_open()
         if self.owned is not None:
-            await self.know_topic(topic)
+            await self.hosting.know_topic(topic)
         now = now_ms()
         self._place(topic, messages, delays_ms, now)
         try:
@@ -315,7 +368,7 @@ class Broker(QueueHosting, OperatorActions):
             await self.push_targets.check(push.url, privileged=privileged)
         for topic in config.topics:
             if self.owned is not None:
-                await self.know_topic(topic)
+                await self.hosting.know_topic(topic)
             self.topic(topic)
         async with self._group_lock:
             old = self.groups.get(name)
@@ -345,7 +398,7 @@ class Broker(QueueHosting, OperatorActions):
         runner = self._runner(name)
         stats = runner.stats()
         dead = runner.dead_letter_count + stats.pending_dead_letters
-        oldest = await runner.oldest_unfinished_at_ms(stats)
+        oldest = await runner.operator.oldest_unfinished_at_ms(stats)
         now = now_ms()
         age = None if oldest is None else max(0, now - oldest)
         activity = runner.activity
@@ -451,7 +504,7 @@ class Broker(QueueHosting, OperatorActions):
         now = now_ms()
         for out in outputs:
             if self.owned is not None:
-                await self.know_topic(out.topic)
+                await self.hosting.know_topic(out.topic)
             self._place(out.topic, out.messages, out.delays_ms, now)
         appends = [(out.topic, out.messages) for out in outputs]
         try:

@@ -1,17 +1,18 @@
 """Operator actions: seek, dead letters (list, redrive, delete, expire), blocked keys, skip,
 release, and the message browser (reading stored messages without any group).
 
-``Broker`` methods (mixed in from here, as ``hosting.QueueHosting`` is) that the admin API and
-the console call; each looks the group up by name and hands the action to its runner.
+``OperatorActions``, a collaborator the ``Broker`` owns (``Broker.operator``), is what the admin
+API and the console call; each verb looks the group up by name and hands the action to its
+runner.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from cproxy.engine.snapshots import BlockedKey
 from cproxy.errors import InvalidRequest
-from cproxy.model import DeadLetter, Message, MessageRef, TopicInfo
+from cproxy.model import DeadLetter, Message, MessageRef
 from cproxy.placement import queue_for_key
 
 from .clock import now_ms
@@ -21,23 +22,35 @@ from .topics import SeekTarget, Topics
 
 
 class OperatorActions:
-    """Operator verbs of ``Broker`` (which sets this state)."""
+    """Operator verbs over the broker's groups.
 
-    _topics: Topics
-    announce_redrive: Callable[[str, str | None], Awaitable[None]] | None
-    _runner: Callable[[str], GroupRunner]
-    _check_open: Callable[[], None]
-    groups: dict[str, GroupRunner]
-    topic: Callable[[str], TopicInfo]
+    ``runner(name)`` finds a live group's runner (refused while the broker shuts down);
+    ``groups`` are the live runners by name; ``check_open`` refuses work while the broker
+    shuts down; ``announce_redrive(group, topic)`` tells the cluster's peers of a redrive
+    (a no-op on a single proxy)."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        groups: Mapping[str, GroupRunner],
+        runner: Callable[[str], GroupRunner],
+        check_open: Callable[[], None],
+        announce_redrive: Callable[[str, str | None], Awaitable[None]],
+    ) -> None:
+        self._topics = topics
+        self._groups = groups
+        self._runner = runner
+        self._check_open = check_open
+        self._announce_redrive = announce_redrive
 
     async def seek(self, name: str, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
         """Move a group's position on one queue (or all queues) of ``topic``."""
         runner = self._runner(name)
-        self.topic(topic)
+        self._topics.get(topic)
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         targets = await self._topics.seek_targets(topic, qid, to)
-        await runner.seek(topic, targets)
+        await runner.operator.seek(topic, targets)
         return targets
 
     async def replay(
@@ -51,7 +64,7 @@ class OperatorActions:
         does that).
         """
         runner = self._runner(name)
-        info = self.topic(topic)
+        info = self._topics.get(topic)
         if not runner.reads(topic):
             raise InvalidRequest(f"group {name!r} does not read topic {topic!r}")
         spec = runner.config.topics[topic].spec
@@ -62,7 +75,9 @@ class OperatorActions:
             )
         qids = [queue_for_key(order_value, info.queues)] if spec == "key" else range(info.queues)
         starts = await self._topics.replay_starts(topic, qids, start)
-        replaying = await runner.replay(topic, order_value, {q: b for q, (b, _) in starts.items()})
+        replaying = await runner.operator.replay(
+            topic, order_value, {q: b for q, (b, _) in starts.items()}
+        )
         return replaying, sum(lost for _, lost in starts.values())
 
     async def commit(self, name: str) -> None:
@@ -77,7 +92,7 @@ class OperatorActions:
         ``within`` (a token's topic scope; None: any) keeps only dead letters of those
         topics: a group keeps the dead letters of topics it no longer reads.
         """
-        return await self._runner(name).dead_letters(topic, limit, within)
+        return await self._runner(name).operator.dead_letters(topic, limit, within)
 
     async def redrive(
         self,
@@ -98,16 +113,15 @@ class OperatorActions:
             outside = sorted({r[0] for r in refs if within is not None and r[0] not in within})
             if outside:
                 raise InvalidRequest(f"dead letters of topic(s) {outside} are outside the scope")
-            return await runner.redrive(topic, refs)
+            return await runner.operator.redrive(topic, refs)
         topics = topics_in_scope(topic, within)
         if topic is None and within is not None:
             # Only dead letters of topics the group reads are delivered again; others stay put.
             topics = [t for t in topics if t in runner.config.topics]
         count = 0
         for t in topics:
-            count += await runner.redrive(t)
-            if self.announce_redrive is not None:
-                await self.announce_redrive(name, t)
+            count += await runner.operator.redrive(t)
+            await self._announce_redrive(name, t)
         return count
 
     async def delete_dead_letters(
@@ -127,20 +141,20 @@ class OperatorActions:
         runner = self._runner(name)
         if refs is not None:
             refs = [r for r in refs if within is None or r[0] in within]
-            return await runner.delete_dead_letters(None, refs)
+            return await runner.operator.delete_dead_letters(None, refs)
         if within is not None and topic not in within:
             return 0
-        return await runner.delete_dead_letters(topic, None)
+        return await runner.operator.delete_dead_letters(topic, None)
 
     async def expire_dead_letters(self) -> int:
         """The retention pass over dead letters: each group with ``dead_letter_retention_ms``
         loses those older than that; returns how many were deleted."""
         deleted = 0
         now = now_ms()
-        for runner in list(self.groups.values()):
+        for runner in list(self._groups.values()):
             keep_ms = runner.config.dead_letter_retention_ms
             if keep_ms is not None:
-                deleted += await runner.delete_dead_letters(None, None, now - keep_ms)
+                deleted += await runner.operator.delete_dead_letters(None, None, now - keep_ms)
         return deleted
 
     async def browse(
@@ -169,10 +183,10 @@ class OperatorActions:
         self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
     ) -> MessageRef:
         """Dead-letter a retrying or exhausted head (by order value, or by ref if unordered)."""
-        return self._runner(name).skip(topic, order_value, ref)
+        return self._runner(name).operator.skip(topic, order_value, ref)
 
     def release(
         self, name: str, topic: str, order_value: str | None, ref: MessageRef | None
     ) -> MessageRef:
         """Deliver a retrying or exhausted head again now, with a fresh attempt budget."""
-        return self._runner(name).release(topic, order_value, ref)
+        return self._runner(name).operator.release(topic, order_value, ref)

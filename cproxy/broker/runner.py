@@ -13,8 +13,13 @@ work becomes ready, a hand-out (``hand_out``, a loop callback scheduled by
 ``_notify_ready``) gives it to the oldest waiters, one engine pull each, and wakes only
 those; idle waiters cost nothing.
 
-Operator calls (seek, redrive, skip, dead letters, ...) are mixed in from ``runner_ops.py``,
-cluster hooks (queues joining and leaving) from ``runner_queues.py``.
+Who wakes what: every engine verb records what its change made due (``cproxy.engine.effects``:
+ready work, a fetch, a commit, an earlier deadline), and the runner takes those bits after
+its engine calls and wakes its loops in one place, ``_wake``.
+
+Two collaborators the runner owns carry the rare calls: ``operator`` (``runner_ops.py``: seek,
+redrive, replay, skip, release, dead letters, retention skips) and ``queues``
+(``runner_queues.py``: queues joining and leaving in cluster mode).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import NamedTuple
 import anyio
 from anyio.abc import TaskGroup
 
+from cproxy.engine.effects import COMMIT, DEADLINE, FETCH, READY
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
-from cproxy.engine.records import Result
+from cproxy.engine.records import CommitBatch, Result
 from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
 from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, QueueRef
@@ -59,7 +65,7 @@ class PullResult(NamedTuple):
     unknown: list[MessageRef]
 
 
-class GroupRunner(QueueHooks, OperatorCalls):
+class GroupRunner:
     """The live side of one consumer group. Create with ``open``; stop with ``close``."""
 
     def __init__(
@@ -68,15 +74,19 @@ class GroupRunner(QueueHooks, OperatorCalls):
         engine: GroupEngine,
         commit_interval_ms: int,
         push_targets: PushTargets | None = None,
+        cluster: bool = False,
     ) -> None:
-        """``push_targets``: where its push lanes may connect (default: no listed prefix)."""
+        """``push_targets``: where its push lanes may connect (default: no listed prefix).
+        ``cluster``: serves only owned queues (dead letters are redriven per owner)."""
         self._store = store
         self._engine = engine
         self.name = engine.name
-        #: Cluster mode: serves only owned queues (dead letters are redriven per owner).
-        self.cluster = False
+        self.cluster = cluster
         self.commit_interval_ms = commit_interval_ms
-        self.dead_letter_count = 0
+        #: Operator calls: seek, redrive, replay, skip, release, dead letters, retention.
+        self.operator = OperatorCalls(engine, store, cluster, self.commit, self._wake)
+        #: Cluster mode: queues joining and leaving the group.
+        self.queues = QueueHooks(engine, store, self.commit, self._wake, self.queues_changed)
         self._waiters = Waiters()
         self._hand_out_due = False  # a hand-out is scheduled (``_notify_ready``)
         self._fetch_kick = anyio.Event()
@@ -95,7 +105,6 @@ class GroupRunner(QueueHooks, OperatorCalls):
         #: One pusher per topic entry with ``push`` settings (cproxy.broker.push).
         targets = push_targets or PushTargets()
         self._push_lanes = [PushLane(self, t, p, targets) for t, p in engine.config.push.items()]
-        self._replay_scans: set[tuple[str, str]] = set()
         #: Who pulls, and the delivery and ack rates (sampled by the timer task).
         self.activity = Activity()
         #: ``max_per_second`` (cproxy.broker.rate); None: unlimited, no cost per pull.
@@ -138,8 +147,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
                     start = stats.min_offset if config.start == "earliest" else stats.next_offset
                     progress[ref] = QueueProgress(start)
         engine = GroupEngine(name, config, progress, ends, on_ack_latency_s)
-        runner = cls(store, engine, commit_interval_ms, push_targets)
-        runner.cluster = queues is not None
+        runner = cls(store, engine, commit_interval_ms, push_targets, queues is not None)
         # The rates' first sample: work done before the timer's first second counts too.
         runner.activity.sample(now_ms(), *engine.delivered_and_acked())
         runner._total_queues = total_queues
@@ -153,7 +161,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         # result from before a restart never matches a delivery after it).
         batch = engine.take_commit()
         await store.commit(name, batch.progress, batch.dead_letters, batch.redrive_done)
-        runner.dead_letter_count = await store.count_dead_letters(name)
+        await runner.operator.count_dead_letters()
         task_group.start_soon(runner._run, name=f"group:{name}")
         logger.info(
             "group=%s started queues=%d buffered=%d",
@@ -217,8 +225,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
                 logger.warning("group=%s read failed, retrying in 1s: %s", self.name, exc)
                 await anyio.sleep(1)
                 continue
-            if self._engine.has_ready():
-                self._notify_ready()
+            self._wake()
             if not read and not self._fetch_kick.is_set():
                 await self._fetch_kick.wait()
 
@@ -235,10 +242,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
             now = now_ms()
             self._engine.tick(now)
             self.activity.sample(now, *self._engine.delivered_and_acked())
-            if self._engine.has_ready():
-                self._notify_ready()
-            self._fetch_kick.set()  # time may have made reads due (delay rescans, wake-ups)
-            self._after_finish()
+            self._wake()
 
     def hand_out(self) -> int:
         """Hand ready work to waiting pulls now, oldest first; returns how many were served.
@@ -250,16 +254,21 @@ class GroupRunner(QueueHooks, OperatorCalls):
         has_work = self._engine.has_ready if self._rate is None else self._has_work_in_rate
         served = self._waiters.hand_out(has_work, self._take_for)
         if served:
-            self._handed_out()
+            self._wake()
         return served
 
-    def _handed_out(self) -> None:
-        """Deliveries went out: new ack deadlines, and maybe delivery numbers to reserve."""
-        self._kick_timer()
-        if self._engine.needs_reserve:
-            # Half the reserved delivery numbers are used: persist more now, so a crash
-            # cannot come before they are (docs/guarantees.md, fenced deliveries).
+    def _wake(self, also: int = 0) -> None:
+        """The one place the runner's loops are woken: from what the engine calls since the
+        last wake made due (``GroupEngine.take_effects``), plus ``also`` (the runner's own)."""
+        effects = self._engine.take_effects() | also
+        if effects & READY:
+            self._notify_ready()
+        if effects & FETCH:
+            self._fetch_kick.set()
+        if effects & COMMIT:
             self._commit_kick.set()
+        if effects & DEADLINE:
+            self._kick_timer()
 
     def _kick_timer(self) -> None:
         """Wake the timer task when a deadline now falls before its planned wake-up.
@@ -306,13 +315,13 @@ class GroupRunner(QueueHooks, OperatorCalls):
                 d for d in batch.dead_letters if (d.message.topic, d.message.qid) not in lost
             ]
             self._engine.requeue(batch)
-            self._commit_kick.set()
+            self._wake(COMMIT)  # the rest of the batch, now
             return
         except StoreError as exc:
             logger.warning("group=%s commit failed, will retry: %s", self.name, exc)
             self._engine.requeue(batch)
             return
-        self.dead_letter_count += len(batch.dead_letters)
+        self.operator.dead_lettered(len(batch.dead_letters))
         for dead in batch.dead_letters:
             logger.info(
                 "group=%s topic=%s qid=%d offset=%d dead-lettered attempts=%d error=%s",
@@ -401,32 +410,37 @@ class GroupRunner(QueueHooks, OperatorCalls):
         """Long polls waiting for work now."""
         return len(self._waiters)
 
-    def _after_finish(self) -> None:
-        """Something finished or timed out: buffer space or reloads may be pending."""
-        # Only when there is something to read: after every ack of a caught-up group the
-        # fetcher would wake (a task switch) to plan nothing. Reads that only time brings
-        # (delay rescans, waking chains) are the timer's, which ends here too.
-        if self._engine.wants_fetch():
-            self._fetch_kick.set()
-        if self._engine.has_pending_dead_letters:
-            self._commit_kick.set()
-
     def offer(self, topic: str, stored: Mapping[int, Sequence[Message]]) -> None:
         """A produce's just-stored messages, per queue (qid -> consecutive messages): taken
         directly by caught-up queues, else read by the fetcher. One hand-off for the whole
         batch: waiting pulls are woken once, and the fetcher kicked once."""
-        taken = refused = False
         for qid, messages in stored.items():
-            if self._engine.offer(topic, qid, messages):
-                taken = True
-            else:
-                refused = True
-        if taken:
-            self._notify_ready()
-        if refused:
-            self._fetch_kick.set()
+            self._engine.offer(topic, qid, messages)
+        self._wake()
+
+    # -- commits of a cluster hand-over (``cproxy.cluster.node``) -------------------------------
+    def queue_progress(self, topic: str, qid: int) -> QueueProgress | None:
+        """The queue's progress as it would be persisted now; None when not served."""
+        return self._engine.queue_progress(topic, qid)
+
+    def take_commit(self) -> CommitBatch:
+        """Everything to persist now (the hand-over commits it in its own transaction)."""
+        return self._engine.take_commit()
+
+    def requeue(self, batch: CommitBatch) -> None:
+        """A batch from ``take_commit`` was not written: keep it for the next commit."""
+        self._engine.requeue(batch)
 
     # -- views ---------------------------------------------------------------------------------
+    @property
+    def config(self) -> GroupConfig:
+        return self._engine.config
+
+    @property
+    def dead_letter_count(self) -> int:
+        """Stored dead letters (pending ones are in ``stats()``)."""
+        return self.operator.dead_letter_count
+
     def reads(self, topic: str) -> bool:
         """Whether the group subscribes to ``topic``."""
         return self._engine.reads(topic)
@@ -452,11 +466,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
         return outcome
 
     def _after_apply(self, outcome: Outcome) -> None:
-        if outcome.applied:
-            self._after_finish()
-            self._kick_timer()
-            if self._engine.has_ready():
-                self._notify_ready()
+        self._wake()
 
     async def resolve_outputs(self) -> bool:
         """With ``commit_lock`` held: settle acks with outputs whose transaction's outcome
@@ -502,7 +512,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
             waiter = Waiter(max_messages, topics, max_per_key, consumer)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
-            self._handed_out()
+            self._wake()
         return PullResult(deliveries, applied, unknown)
 
     def _give_back(self, deliveries: list[Delivery]) -> None:
@@ -517,8 +527,7 @@ class GroupRunner(QueueHooks, OperatorCalls):
     ) -> Outcome:
         """Deliveries that never reached their consumer go back, no attempt charged."""
         outcome = self._engine.release_uncharged(refs, attempts)
-        if outcome.applied:
-            self._notify_ready()
+        self._wake()
         return outcome
 
     def extend(

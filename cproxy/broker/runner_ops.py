@@ -1,14 +1,12 @@
-"""Operator calls on a running group (``GroupRunner`` methods, mixed in from here): what the
-console and the admin API read (dead letters, the oldest unfinished message) and do (seek,
-redrive, skip, release), and retention's skips. Rare calls, kept apart from the hot path in
-``runner.py``."""
+"""Operator calls on a running group (``OperatorCalls``, which its ``GroupRunner`` owns as
+``runner.operator``): what the console and the admin API read (dead letters, the oldest
+unfinished message) and do (seek, redrive, skip, release), and retention's skips. Rare calls,
+kept apart from the hot path in ``runner.py``."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
-
-import anyio
 
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.snapshots import GroupStats
@@ -36,20 +34,39 @@ def topics_in_scope(topic: str | None, within: Collection[str] | None) -> Sequen
 
 
 class OperatorCalls:
-    """Operator verbs of ``GroupRunner`` (which sets this state)."""
+    """Operator verbs on one group's engine and its stored dead letters.
 
-    name: str
-    cluster: bool
-    dead_letter_count: int
-    _engine: GroupEngine
-    _store: Store
-    _fetch_kick: anyio.Event
-    _commit_kick: anyio.Event
-    _notify_ready: Callable[[], None]
-    _after_finish: Callable[[], None]
-    commit: Callable[[], Awaitable[None]]
-    #: Order values (topic, value) whose replay is reading the store now.
-    _replay_scans: set[tuple[str, str]]
+    ``commit()`` persists the group's progress and dead letters now (the runner's);
+    ``wake()`` wakes the runner's loops for what the engine calls made due."""
+
+    def __init__(
+        self,
+        engine: GroupEngine,
+        store: Store,
+        cluster: bool,
+        commit: Callable[[], Awaitable[None]],
+        wake: Callable[[], None],
+    ) -> None:
+        self.name = engine.name
+        self._engine = engine
+        self._store = store
+        #: Cluster mode: dead letters are redriven per owner (those of the served queues).
+        self._cluster = cluster
+        self._commit = commit
+        self._wake = wake
+        #: Stored dead letters (the store's count, plus those committed since).
+        self.dead_letter_count = 0
+        #: Order values (topic, value) whose replay is reading the store now.
+        self._replay_scans: set[tuple[str, str]] = set()
+
+    async def count_dead_letters(self) -> None:
+        """Count the stored dead letters again (at start; after a delete, as a peer in a
+        cluster may delete too)."""
+        self.dead_letter_count = await self._store.count_dead_letters(self.name)
+
+    def dead_lettered(self, count: int) -> None:
+        """A commit stored ``count`` new dead letters."""
+        self.dead_letter_count += count
 
     async def oldest_unfinished_at_ms(self, stats: GroupStats) -> int | None:
         """When the oldest message not yet acked or dead-lettered was produced (ms), read
@@ -73,7 +90,7 @@ class OperatorCalls:
         """Dead letters (of ``topic``, or all; only topics in ``within`` unless it is None)."""
         # Flush first: a message just dead-lettered is listed at once (read your writes),
         # consistent with the group stats, which count pending dead letters too.
-        await self.commit()
+        await self._commit()
         rows: list[DeadLetter] = []
         for scoped in topics_in_scope(topic, within):
             rows += await self._store.list_dead_letters(self.name, scoped, limit - len(rows))
@@ -94,29 +111,25 @@ class OperatorCalls:
                 lost,
                 min_offset,
             )
-            self._commit_kick.set()  # persist the skip
-        self._fetch_kick.set()
-        if self._engine.has_ready():
-            self._notify_ready()
+        self._wake()  # read from the new position; a skip is persisted at once
         return lost
 
     # -- operator calls ------------------------------------------------------------------------
     async def seek(self, topic: str, targets: dict[int, int]) -> None:
         self._engine.seek(topic, targets)
-        await self.commit()
-        self._fetch_kick.set()
+        await self._commit()
+        self._wake()
         logger.info("group=%s topic=%s seek offsets=%s", self.name, topic, targets)
 
     async def redrive(self, topic: str | None, refs: Collection[MessageRef] | None = None) -> int:
         """Deliver dead letters again (cluster: those of the queues this proxy owns); with
         ``refs``, only those."""
-        owned = self._engine.served_queues() if self.cluster else None
+        owned = self._engine.served_queues() if self._cluster else None
         dead = await self._store.start_redrive(self.name, topic, owned, refs)
         count = self._engine.redrive(dead)
         self.dead_letter_count = max(0, self.dead_letter_count - len(dead))
-        if self._engine.has_ready():
-            self._notify_ready()
-        await self.commit()  # dead letters of unsubscribed topics go back
+        self._wake()
+        await self._commit()  # dead letters of unsubscribed topics go back
         logger.info("group=%s redriving dead_letters=%d", self.name, count)
         return count
 
@@ -156,8 +169,7 @@ class OperatorCalls:
             count = self._engine.replay(topic, value, found)
         finally:
             self._replay_scans.discard(key)
-        if count:
-            self._notify_ready()
+        self._wake()
         logger.info("group=%s topic=%s replaying value=%r count=%d", self.name, topic, value, count)
         return count
 
@@ -169,22 +181,20 @@ class OperatorCalls:
     ) -> int:
         """Delete stored dead letters (``GroupStateStore.delete_dead_letters``); returns how
         many. Pending ones are committed first, so what was just listed can be deleted."""
-        await self.commit()
+        await self._commit()
         deleted = await self._store.delete_dead_letters(self.name, topic, refs, before_ms)
         if deleted:
             # Counted again rather than subtracted: in a cluster a peer may delete too.
-            self.dead_letter_count = await self._store.count_dead_letters(self.name)
+            await self.count_dead_letters()
             logger.info("group=%s deleted dead_letters=%d", self.name, deleted)
         return deleted
 
     def skip(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
         done = self._engine.skip(topic, order_value, ref, now_ms())
-        self._after_finish()
-        if self._engine.has_ready():
-            self._notify_ready()
+        self._wake()
         return done
 
     def release(self, topic: str, order_value: str | None, ref: MessageRef | None) -> MessageRef:
         done = self._engine.release(topic, order_value, ref)
-        self._notify_ready()
+        self._wake()
         return done

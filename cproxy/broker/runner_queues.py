@@ -1,64 +1,66 @@
 """Queues joining and leaving a running group (cluster mode; ``cproxy.cluster.node`` via
-``broker.hosting``). ``GroupRunner`` methods, mixed in from here; a single proxy never calls
-them."""
+``broker.hosting``): ``QueueHooks``, which its ``GroupRunner`` owns as ``runner.queues``; a
+single proxy never calls it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-import anyio
+from collections.abc import Awaitable, Callable
 
 from cproxy.engine.group import GroupEngine
-from cproxy.engine.group_config import GroupConfig
-from cproxy.engine.records import CommitBatch
 from cproxy.model import QueueProgress
 from cproxy.store.base import Store
 
 
 class QueueHooks:
-    """Cluster hooks of ``GroupRunner`` (which sets this state)."""
+    """The queues one group's engine serves, as ownership moves.
 
-    name: str
-    _engine: GroupEngine
-    _store: Store
-    _fetch_kick: anyio.Event
-    _notify_ready: Callable[[], None]
-    reads: Callable[[str], bool]
-    queues_changed: Callable[[], None]
+    ``commit()`` persists the group's progress now (the runner's); ``wake()`` wakes the
+    runner's loops for what the engine calls made due; ``queues_changed()`` tells the runner
+    its share of the group's queues changed (its rate limit follows it)."""
 
-    async def commit(self) -> None:
-        raise NotImplementedError
-
-    @property
-    def config(self) -> GroupConfig:
-        return self._engine.config
+    def __init__(
+        self,
+        engine: GroupEngine,
+        store: Store,
+        commit: Callable[[], Awaitable[None]],
+        wake: Callable[[], None],
+        queues_changed: Callable[[], None],
+    ) -> None:
+        self._engine = engine
+        self._store = store
+        self._name = engine.name
+        self._commit = commit
+        self._wake = wake
+        self._queues_changed = queues_changed
 
     def note_end(self, topic: str, qid: int, end_offset: int) -> None:
         """Another proxy appended to a queue this group serves: read up to ``end_offset``."""
         self._engine.note_end(topic, qid, end_offset)
-        self._fetch_kick.set()
+        self._wake()
 
     async def add_queue(self, topic: str, qid: int) -> None:
         """Serve a queue this proxy now owns, from its persisted progress."""
-        if not self.reads(topic) or self._engine.serves(topic, qid):
+        if not self._engine.reads(topic) or self._engine.serves(topic, qid):
             return
-        stored = (await self._store.load_progress(self.name)).get((topic, qid))
+        stored = (await self._store.load_progress(self._name)).get((topic, qid))
         stats = next(s for s in await self._store.queue_stats(topic) if s.qid == qid)
         if stored is None:
-            start = stats.min_offset if self.config.start == "earliest" else stats.next_offset
+            start = (
+                stats.min_offset if self._engine.config.start == "earliest" else stats.next_offset
+            )
             stored = QueueProgress(start)
-            await self._store.commit(self.name, {(topic, qid): stored})
+            await self._store.commit(self._name, {(topic, qid): stored})
         self._engine.add_queue(topic, qid, stored, stats.next_offset)
-        self.queues_changed()
+        self._queues_changed()
         # Dead letters a redrive marked and a former owner did not finish: delivered here.
-        redriving = await self._store.load_redriving(self.name)
+        redriving = await self._store.load_redriving(self._name)
         self._engine.redrive(
             [d for d in redriving if (d.message.topic, d.message.qid) == (topic, qid)]
         )
         # The delivery numbers reserved above the former owner's are persisted before the
         # fetcher reads anything of the queue to hand out.
-        await self.commit()
-        self._fetch_kick.set()
+        await self._commit()
+        self._wake()
 
     def pause_queue(self, topic: str, qid: int) -> None:
         """Hand out nothing new from the queue; results for it still apply."""
@@ -67,20 +69,8 @@ class QueueHooks:
     def in_flight_on(self, topic: str, qid: int) -> int:
         return self._engine.in_flight_on(topic, qid)
 
-    def queue_progress(self, topic: str, qid: int) -> QueueProgress | None:
-        """The queue's progress as it would be persisted now; None when not served."""
-        return self._engine.queue_progress(topic, qid)
-
-    def take_commit(self) -> CommitBatch:
-        """Everything to persist now (the hand-over commits it in its own transaction)."""
-        return self._engine.take_commit()
-
-    def requeue(self, batch: CommitBatch) -> None:
-        """A batch from ``take_commit`` was not written: keep it for the next commit."""
-        self._engine.requeue(batch)
-
     def drop_queue(self, topic: str, qid: int) -> None:
         """Forget the queue (handed over or lost): results for it answer unknown."""
         self._engine.drop_queue(topic, qid)
-        self.queues_changed()
-        self._notify_ready()
+        self._queues_changed()
+        self._wake()

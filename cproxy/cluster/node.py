@@ -381,7 +381,7 @@ class ClusterNode:
         if runner is None:
             return  # not started here (yet): its queues' owners are elsewhere
         try:
-            count = await runner.redrive(topic)
+            count = await runner.operator.redrive(topic)
         except CproxyError as exc:  # the database, or the topic went away meanwhile
             logger.warning(
                 "node=%s group=%s redrive for a peer failed: %s", self.node_id, group, exc

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable
 
-from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import QueueCursor
-from cproxy.engine.work import State, Tally
+from cproxy.engine.work import Chain, State, Tally
 from cproxy.model import QueueProgress, QueueRef
 
 

@@ -2,44 +2,44 @@
 and the reload of a parked chain (``cproxy.engine.reader`` plans these reads and hands back
 what they found to the methods here).
 
-These are ``Reader`` methods, mixed in from here to keep modules small: they run only after a
-restart or when a parked chain runs dry, never for new messages.
+``ReadBack`` is a collaborator of ``Reader``, built with what it reads and writes (the
+sequencer, the tally, the buffer bound, the group's screen and order values): it runs only
+after a restart or when a parked chain runs dry, never for new messages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from mypy_extensions import trait
-
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.work import Entry, Tally
-from cproxy.model import Message, QueueRef
+from cproxy.model import Message
 
 
-@trait  # see ``cproxy.engine.operations.Operations``
 class ReadBack:
-    """Take-in of restore, scan and reload reads, mixed into ``Reader`` (which sets this
-    state)."""
+    """Take-in of restore, scan and reload reads. ``screen(message, first_read)`` gives the
+    entry to hold for a message read again (None: not held); ``extract`` its order value."""
 
-    _cursors: dict[QueueRef, QueueCursor]
-    _max_buffered: int
-    _screen: Callable[[Message, bool], Entry | None]
-    _seq: Sequencer
-    _tally: Tally
+    def __init__(
+        self,
+        seq: Sequencer,
+        tally: Tally,
+        max_buffered: int,
+        screen: Callable[[Message, bool], Entry | None],
+        extract: Callable[[Message], str | None],
+    ) -> None:
+        self._seq = seq
+        self._tally = tally
+        self._max_buffered = max_buffered
+        self._screen = screen
+        self._extract = extract
 
-    # Reader's own method (see ``Operations`` for why not an attribute).
-    def _extract(self, message: Message) -> str | None:
-        raise NotImplementedError
-
-    def on_read_failed(self, request: FetchRequest) -> None:
-        """A planned read failed: a fetch is simply planned again; a reload is re-queued."""
-        if not request.is_reload:
-            return
+    def reload_failed(self, request: FetchRequest, cur: QueueCursor | None) -> None:
+        """The reload ``request`` (of queue cursor ``cur``, None if no longer served)
+        failed: it is planned again."""
         assert request.chain_value is not None
         chain = self._seq.chain(request.topic, request.chain_value)
-        cur = self._cursors.get((request.topic, request.qid))
         if chain is None:
             return
         if cur is not None and cur.epoch == request.epoch:
@@ -48,7 +48,7 @@ class ReadBack:
         else:
             self._seq.reload_done(chain, None)
 
-    def _take_restore(
+    def take_restore(
         self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
     ) -> None:
         if not cur.restore or cur.restore[0][0] != request.from_offset:
@@ -69,7 +69,7 @@ class ReadBack:
         else:
             cur.restore[0] = (start, end)
 
-    def _take_scan(
+    def take_scan(
         self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
     ) -> None:
         if not cur.scan or cur.scan_from != request.from_offset:
@@ -98,7 +98,7 @@ class ReadBack:
         if cur.scan_from >= request.upto:
             cur.scan.clear()
 
-    def _take_reload(
+    def take_reload(
         self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Message]
     ) -> None:
         assert request.chain_value is not None

@@ -20,13 +20,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Final
 
-from cproxy.engine.chains import Chain
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.deadlines import earliest
 from cproxy.engine.orderkey import by_key
 from cproxy.engine.readback import ReadBack
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
-from cproxy.engine.work import Entry, State, Tally
+from cproxy.engine.work import Chain, Entry, State, Tally
 from cproxy.model import Message, QueueProgress, QueueRef
 
 #: Largest read the reader asks for at once, in messages.
@@ -59,7 +58,7 @@ def _hold(message: Message, first_read: bool) -> Entry:
     return Entry(message)
 
 
-class Reader(ReadBack):
+class Reader:
     """Fetch positions and read planning of one group's queues."""
 
     __slots__ = (
@@ -67,6 +66,7 @@ class Reader(ReadBack):
         "_extractors",
         "_max_buffered",
         "_next_park_check_ms",
+        "_readback",
         "_rotation",
         "_screen",
         "_seq",
@@ -99,6 +99,7 @@ class Reader(ReadBack):
         self._seq = sequencer
         self._tally = tally
         self._screen = screen or _hold
+        self._readback = ReadBack(sequencer, tally, max_buffered, self._screen, self._extract)
         self._rotation = 0
         self._next_park_check_ms = 0
         #: Cursors that may have something to read (new messages, or a restore or scan
@@ -279,19 +280,24 @@ class Reader(ReadBack):
         self._seq.park_stuck(lambda head: _is_stuck(head, now_ms), limit * 3 // 4)
 
     # -- taking in what was read ---------------------------------------------------------------
+    def on_read_failed(self, request: FetchRequest) -> None:
+        """A planned read failed: a fetch is simply planned again; a reload is re-queued."""
+        if request.is_reload:
+            self._readback.reload_failed(request, self._cursors.get((request.topic, request.qid)))
+
     def on_read(self, request: FetchRequest, messages: Sequence[Message]) -> None:
         """Hand back the messages read for ``request``: the store's range, unfiltered."""
         cur = self._cursors.get((request.topic, request.qid))
         if request.is_reload:
-            self._take_reload(request, cur, messages)
+            self._readback.take_reload(request, cur, messages)
             return
         if cur is None or cur.epoch != request.epoch:
             return  # planned before a seek: stale
         if request.restore:
-            self._take_restore(request, cur, messages)
+            self._readback.take_restore(request, cur, messages)
             return
         if request.scan:
-            self._take_scan(request, cur, messages)
+            self._readback.take_scan(request, cur, messages)
             return
         if request.delayed:
             self._take_delay_rescan(request, cur, messages)

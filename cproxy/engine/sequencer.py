@@ -38,9 +38,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Final
 
-from cproxy.engine.chains import NO_ENTRIES, Chain, ReadyQueue
+from cproxy.engine.chains import ReadyQueue
 from cproxy.engine.deadlines import DeadlineHeap, earliest
-from cproxy.engine.work import Entry, State, Tally
+from cproxy.engine.work import NO_ENTRIES, Chain, Entry, State, Tally
 
 # Final: see cproxy/_native.py.
 _READY: Final = State.READY

@@ -21,7 +21,7 @@ from cproxy.errors import StoreError
 from cproxy.model import DeadLetter, Message
 from cproxy.store._sqlite_checkpoint import FALLBACK_PAGES, Checkpointer
 from cproxy.store._sqlite_schema import ensure_schema
-from cproxy.store._sqlite_tx import as_store_error
+from cproxy.store._sqlite_tx import Transactions, as_store_error
 from cproxy.store._sqlite_writer import Writer
 
 if sys.platform != "win32":
@@ -157,23 +157,22 @@ class Database:
             connect, path, synchronous=synchronous, busy_timeout_ms=busy_timeout_ms
         )
         self._lock = DirLock(path.parent)
-        self._writer = Writer(
-            functools.partial(self._connect, reader=False),
-            group_commit=group_commit,
-            threads=self.threads,
-        )
+        #: The writer connection and its transactions.
+        self._tx = Transactions(functools.partial(self._connect, reader=False))
+        #: The queue of writes in front of it (group commit).
+        self._writer = Writer(self._tx.run_batch, group_commit=group_commit, threads=self.threads)
         self._reader: sqlite3.Connection | None = None
         self._read_limiter: CapacityLimiter | None = None
-        self._checkpointer = Checkpointer(path, on_long_wal=self._writer.request_wal_restart)
+        self._checkpointer = Checkpointer(path, on_long_wal=self._tx.request_wal_restart)
 
     @property
     def is_open(self) -> bool:
-        return self._writer.conn is not None
+        return self._tx.conn is not None
 
     @property
     def tx_state(self) -> dict[Any, Any]:
         """Scratch space of the open write transaction (see ``Writer.tx_state``)."""
-        return self._writer.tx_state
+        return self._tx.tx_state
 
     async def open(self, load: Callable[[sqlite3.Connection], None]) -> None:
         """Open both connections, create or check the schema, then call ``load(writer)``."""
@@ -199,7 +198,7 @@ class Database:
                     conn.close()
             self._lock.release()
             raise
-        self._writer.conn, self._reader = writer, reader
+        self._tx.conn, self._reader = writer, reader
         self._checkpointer.start()
 
     async def close(self) -> None:
@@ -211,7 +210,7 @@ class Database:
         try:
             await to_thread.run_sync(self._checkpointer.stop)
             await to_thread.run_sync(self._close_sync, self, "_reader", limiter=self._read_limiter)
-            await to_thread.run_sync(self._close_sync, self._writer, "conn", limiter=write_limiter)
+            await to_thread.run_sync(self._close_sync, self._tx, "conn", limiter=write_limiter)
         finally:
             self._lock.release()
 
@@ -294,17 +293,17 @@ class Database:
     def on_success(self, action: Callable[[], None]) -> None:
         """Run ``action`` once the running write succeeded, before the next write of its
         transaction runs (to stage what that one must see); never if it fails."""
-        self._writer.on_success(action)
+        self._tx.on_success(action)
 
     def on_commit(self, action: Callable[[], None]) -> None:
         """Run ``action`` after the running write commits (never on rollback)."""
-        self._writer.on_commit(action)
+        self._tx.on_commit(action)
 
     def defer(self, key: Any, work: Callable[[sqlite3.Connection], None]) -> None:
         """Run ``work(conn)`` later in this transaction: before its next write that is not
         ``mergeable``, or before COMMIT; one ``work`` per key. If it fails, so does every
         write of the transaction."""
-        self._writer.defer(key, work)
+        self._tx.defer(key, work)
 
 
 def _translated(fn: Callable[[], T]) -> T:

@@ -1,7 +1,10 @@
 """The SQLite store's topics: create, update, delete, queue bounds, seek by time, retention.
 
-A mixin of ``sqlite.SqliteStore`` (which owns the caches and the ``Database``), kept apart so
-that module stays about messages and groups.
+``SqliteTopics`` is a collaborator of ``sqlite.SqliteStore``, built on its ``Database``: it owns
+the topic caches (name -> tid and queues, each queue's floor and tail, retention bounds), which
+the store reads through its methods (``topic``, ``tail``, ``read_range``) and whose tails its
+appends publish after COMMIT (``publish_tails``), so that module stays about messages and
+groups.
 
 Retention deletes the oldest record batches (``_records``) of a queue, ``DELETE_BATCH`` offsets
 per write, each its own short transaction (so produce calls queued behind it wait for one
@@ -25,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import sqlite3
+from collections.abc import Mapping
 
 import anyio
 
@@ -50,29 +54,28 @@ Bounds = tuple[int | None, int | None]
 
 
 class SqliteTopics:
-    """Topic-level operations of ``SqliteStore``; see the module docstring."""
+    """Topic-level operations of the SQLite store; see the module docstring."""
 
-    _db: Database
-    # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
-    _topics: dict[str, tuple[int, int]]  # name -> (tid, queues)
-    _names: dict[int, str]
-    _next: dict[int, list[int]]  # tid -> next offset per qid
-    _last_ts: dict[int, list[int]]  # tid -> last produced_at_ms per qid
-    _min: dict[int, list[int]]  # tid -> min offset per qid
-    _bounds: dict[int, Bounds]  # tid -> (retention_ms, retention_bytes)
-    _bytes: ByteCounter
-    _retention_lock: anyio.Lock
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._clear()
 
-    def _init_topics(self) -> None:
-        self._topics, self._names, self._next, self._last_ts = {}, {}, {}, {}
-        self._min, self._bounds = {}, {}
+    def _clear(self) -> None:
+        # Caches, written only by the writer thread and only after COMMIT (``Database.on_commit``).
+        self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
+        self._names: dict[int, str] = {}
+        self._next: dict[int, list[int]] = {}  # tid -> next offset per qid
+        self._last_ts: dict[int, list[int]] = {}  # tid -> last produced_at_ms per qid
+        self._min: dict[int, list[int]] = {}  # tid -> min offset per qid
+        self._bounds: dict[int, Bounds] = {}  # tid -> (retention_ms, retention_bytes)
         self._bytes = ByteCounter()
         # One retention pass or topic delete at a time: both move floors and byte totals.
         self._retention_lock = anyio.Lock()
 
-    def _load_caches(self, conn: sqlite3.Connection) -> None:
-        """Called once at open on the writer connection, before anything else runs."""
-        self._init_topics()
+    def load(self, conn: sqlite3.Connection) -> None:
+        """Fill the caches: called once at open on the writer connection, before anything
+        else runs."""
+        self._clear()
         for (tid,) in conn.execute("SELECT tid FROM deleted_topics").fetchall():
             _purge_sync(conn, tid)
         floors = {(t, q): off for t, q, off in conn.execute("SELECT * FROM floors").fetchall()}
@@ -113,15 +116,39 @@ class SqliteTopics:
         if not self._db.is_open:
             raise StoreError("the store is not open")
 
-    def _topic(self, name: str) -> tuple[int, int]:
+    def topic(self, name: str) -> tuple[int, int]:
+        """``(tid, queues)`` of a topic; ``TopicNotFound`` if there is none."""
         self._check_open()
         try:
             return self._topics[name]
         except KeyError:
             raise topic_not_found(name) from None
 
+    def tid_of(self, name: str) -> int | None:
+        """The topic's tid, or None when there is no such topic."""
+        entry = self._topics.get(name)
+        return None if entry is None else entry[0]
+
+    def name_of(self, tid: int) -> str:
+        return self._names[tid]
+
+    def tail(self, tid: int, qid: int) -> tuple[int, int]:
+        """The queue's next offset and last ``produced_at_ms``, as committed."""
+        return self._next[tid][qid], self._last_ts[tid][qid]
+
+    def publish_tails(self, tid: int, tails: Mapping[int, tuple[int, int]]) -> None:
+        """Appends to the topic's queues committed (qid -> (next offset, last produced_at_ms)):
+        called by the writer thread after COMMIT (``Database.on_commit``)."""
+        nexts, lasts = self._next[tid], self._last_ts[tid]
+        for qid, (nxt, ts) in tails.items():
+            nexts[qid], lasts[qid] = nxt, ts
+
+    def read_range(self, tid: int, qid: int) -> tuple[int, int]:
+        """The queue's stored offsets, ``[floor, next)``: a read outside needs no query."""
+        return self._min[tid][qid], self._next[tid][qid]
+
     def _info(self, name: str) -> TopicInfo:
-        tid, queues = self._topic(name)
+        tid, queues = self.topic(name)
         return TopicInfo(name, queues, *self._bounds[tid])
 
     # -- create, update, delete ----------------------------------------------------------------
@@ -167,7 +194,7 @@ class SqliteTopics:
     async def update_topic(
         self, name: str, retention_ms: int | None, retention_bytes: int | None
     ) -> TopicInfo:
-        tid, _ = self._topic(name)
+        tid, _ = self.topic(name)
         check_retention(retention_ms, retention_bytes)
         bounds = (retention_ms, retention_bytes)
 
@@ -184,11 +211,11 @@ class SqliteTopics:
 
         await self._db.write(tx)
         logger.info("topic=%s retention_ms=%s retention_bytes=%s", name, *bounds)
-        return TopicInfo(name, self._topic(name)[1], *bounds)
+        return TopicInfo(name, self.topic(name)[1], *bounds)
 
     async def delete_topic(self, name: str) -> None:
         async with self._retention_lock:
-            tid, queues = self._topic(name)
+            tid, queues = self.topic(name)
 
             def tx(conn: sqlite3.Connection) -> None:
                 for table in ("topics", "dedup", "progress", "dead_letters", "floors"):
@@ -217,14 +244,14 @@ class SqliteTopics:
         return [self._info(name) for name in sorted(self._topics)]
 
     async def queue_stats(self, topic: str) -> list[QueueStats]:
-        tid, _ = self._topic(topic)
+        tid, _ = self.topic(topic)
         mins, nexts = self._min[tid], self._next[tid]
         return [
             QueueStats(qid, lo, nxt) for qid, (lo, nxt) in enumerate(zip(mins, nexts, strict=True))
         ]
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
-        tid, queues = self._topic(topic)
+        tid, queues = self.topic(topic)
         check_qid(topic, qid, queues)
         lo, hi = self._min[tid][qid], self._next[tid][qid]
         if lo >= hi or self._last_ts[tid][qid] < timestamp_ms:
@@ -247,7 +274,7 @@ class SqliteTopics:
 
     # -- retention -----------------------------------------------------------------------------
     async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
-        tid, queues = self._topic(topic)
+        tid, queues = self.topic(topic)
         moved: dict[int, int] = {}
         async with self._retention_lock:
             if self._names.get(tid) != topic:

@@ -26,7 +26,7 @@ import anyio
 from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
-from cproxy.store._sqlite_tx import Job, Transactions
+from cproxy.store._sqlite_tx import Job
 
 T = TypeVar("T")
 
@@ -41,17 +41,18 @@ MAX_BATCH_WEIGHT = 5000
 GATHER_TURNS = (2, 8)
 
 
-class Writer(Transactions):
-    """The write queue in front of the writer connection; see the module docstring."""
+class Writer:
+    """The write queue in front of the writer connection; see the module docstring.
+    ``run_batch`` runs a batch of writes in one transaction (``Transactions.run_batch``)."""
 
     def __init__(
         self,
-        connect: Callable[[], sqlite3.Connection],
+        run_batch: Callable[[list[Job]], None],
         *,
         group_commit: bool = True,
         threads: bool = True,
     ) -> None:
-        super().__init__(connect)
+        self._run_batch = run_batch
         self._group_commit = group_commit
         #: Transactions on a worker thread; False: on the event loop's thread (see ``Database``).
         self.threads = threads
@@ -143,10 +144,10 @@ class Writer(Transactions):
 
     async def _run(self, batch: list[Job]) -> None:
         if not self.threads:
-            self.run_batch(batch)  # no await: nothing can cancel it half-way
+            self._run_batch(batch)  # no await: nothing can cancel it half-way
             return
         assert self.limiter is not None
-        await to_thread.run_sync(self.run_batch, batch, limiter=self.limiter)
+        await to_thread.run_sync(self._run_batch, batch, limiter=self.limiter)
 
     def _hand_off(self) -> None:
         if self._queue:

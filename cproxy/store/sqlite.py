@@ -48,6 +48,8 @@ from cproxy.model import (
     NewMessage,
     QueueProgress,
     QueueRef,
+    QueueStats,
+    TopicInfo,
 )
 from cproxy.store._append_plan import plan
 from cproxy.store._common import check_qid, dead_letters_matching, message_qids
@@ -82,9 +84,9 @@ _UPSERT_PROGRESS = (
 )
 
 
-class SqliteStore(SqliteTopics):
+class SqliteStore:
     """The SQLite ``Store``. See the module docstring for durability and concurrency; topics
-    and retention are in ``SqliteTopics``."""
+    and retention are its collaborator ``SqliteTopics``."""
 
     def __init__(
         self,
@@ -104,7 +106,8 @@ class SqliteStore(SqliteTopics):
             group_commit=group_commit,
             threads=threads,
         )
-        self._init_topics()  # the caches (``SqliteTopics``)
+        #: Topics, their caches, retention (``_sqlite_topics``).
+        self.topics = SqliteTopics(self._db)
         self._dedup = Dedup()  # used by the writer thread only
 
     @property
@@ -114,7 +117,7 @@ class SqliteStore(SqliteTopics):
 
     async def open(self) -> None:
         if not self._db.is_open:
-            await self._db.open(self._load_caches)
+            await self._db.open(self.topics.load)
             logger.info("opened SQLite store %s", self.path)
 
     async def close(self) -> None:
@@ -122,6 +125,36 @@ class SqliteStore(SqliteTopics):
 
     async def ping(self) -> bool:
         return await self._db.ping()
+
+    # -- topics (``SqliteTopics``) ------------------------------------------------------------
+    async def create_topic(
+        self,
+        name: str,
+        queues: int,
+        retention_ms: int | None = None,
+        retention_bytes: int | None = None,
+    ) -> tuple[TopicInfo, bool]:
+        return await self.topics.create_topic(name, queues, retention_ms, retention_bytes)
+
+    async def update_topic(
+        self, name: str, retention_ms: int | None, retention_bytes: int | None
+    ) -> TopicInfo:
+        return await self.topics.update_topic(name, retention_ms, retention_bytes)
+
+    async def delete_topic(self, name: str) -> None:
+        await self.topics.delete_topic(name)
+
+    async def list_topics(self) -> list[TopicInfo]:
+        return await self.topics.list_topics()
+
+    async def queue_stats(self, topic: str) -> list[QueueStats]:
+        return await self.topics.queue_stats(topic)
+
+    async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:
+        return await self.topics.offset_for_time(topic, qid, timestamp_ms)
+
+    async def apply_retention(self, topic: str, now_ms: int) -> dict[int, int]:
+        return await self.topics.apply_retention(topic, now_ms)
 
     # -- messages ------------------------------------------------------------------------------
     async def append(
@@ -131,7 +164,7 @@ class SqliteStore(SqliteTopics):
         now_ms: int,
         dedup_window_ms: int,
     ) -> list[AppendResult]:
-        tid, queues = self._topic(topic)
+        tid, queues = self.topics.topic(topic)
         qids = message_qids(topic, messages, queues)
         if not messages:
             return []
@@ -151,7 +184,7 @@ class SqliteStore(SqliteTopics):
         window_ms: int,
         conn: sqlite3.Connection,
     ) -> list[AppendResult]:
-        nexts, lasts = self._next[tid], self._last_ts[tid]
+        tail = self.topics.tail
         # (tid, qid) -> (next offset, last produced_at) left by earlier appends of this
         # transaction: not committed yet, so not in ``nexts``/``lasts``.
         staged: dict[tuple[int, int], tuple[int, int]] = self._db.tx_state
@@ -164,7 +197,7 @@ class SqliteStore(SqliteTopics):
             now_ms,
             window_ms > 0,
             known,
-            lambda qid: staged.get((tid, qid)) or (nexts[qid], lasts[qid]),
+            lambda qid: staged.get((tid, qid)) or tail(tid, qid),
         )
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
         # One row per queue (record batches, ``_records``), inserted by deferred work: at the
@@ -186,8 +219,7 @@ class SqliteStore(SqliteTopics):
                 staged[tid, qid] = tail
 
         def publish() -> None:
-            for qid, (nxt, ts) in out.tails.items():
-                nexts[qid], lasts[qid] = nxt, ts
+            self.topics.publish_tails(tid, out.tails)
 
         self._db.on_success(stage)
         self._db.on_commit(publish)
@@ -202,12 +234,13 @@ class SqliteStore(SqliteTopics):
         )
 
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
-        tid, queues = self._topic(topic)
+        tid, queues = self.topics.topic(topic)
         check_qid(topic, qid, queues)
         # From the floor on: a batch retention cut through may still hold records below it.
-        start = max(from_offset, self._min[tid][qid])
+        floor, end = self.topics.read_range(tid, qid)
+        start = max(from_offset, floor)
         # The cached tail is authoritative, so reading past it needs no trip to the database.
-        if max_count <= 0 or start >= self._next[tid][qid]:
+        if max_count <= 0 or start >= end:
             return []
         stop = start + max_count
 
@@ -246,7 +279,7 @@ class SqliteStore(SqliteTopics):
             ).fetchall()
         )
         return {
-            (self._names[tid], qid): QueueProgress.from_detail_json(committed, finished)
+            (self.topics.name_of(tid), qid): QueueProgress.from_detail_json(committed, finished)
             for tid, qid, committed, finished in rows
         }
 
@@ -259,11 +292,12 @@ class SqliteStore(SqliteTopics):
     ) -> None:
         # Build every row first: an unknown topic raises before the transaction starts.
         progress_rows = [
-            (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
+            (group, self.topics.topic(topic)[0], qid, p.committed, p.detail_json().decode())
             for (topic, qid), p in progress.items()
         ]
         dead_rows = [
-            dead_letter_row(group, self._topic(dl.message.topic)[0], dl) for dl in dead_letters
+            dead_letter_row(group, self.topics.topic(dl.message.topic)[0], dl)
+            for dl in dead_letters
         ]
         done_rows = self._redrive_rows(group, redrive_done)
 
@@ -285,10 +319,11 @@ class SqliteStore(SqliteTopics):
         self, group: str, redrive_done: Sequence[MessageRef]
     ) -> list[tuple[str, int, int, int]]:
         # A topic that is gone has no dead letters left.
+        tids = {topic: self.topics.tid_of(topic) for topic, _, _ in redrive_done}
         return [
-            (group, self._topics[topic][0], qid, off)
+            (group, tid, qid, off)
             for topic, qid, off in redrive_done
-            if topic in self._topics
+            if (tid := tids[topic]) is not None
         ]
 
     async def commit_with_outputs(
@@ -309,11 +344,11 @@ class SqliteStore(SqliteTopics):
         # Resolve everything first: an unknown topic or qid raises before the transaction.
         appends = []
         for topic, messages in by_topic.items():
-            tid, queues = self._topic(topic)
+            tid, queues = self.topics.topic(topic)
             qids = message_qids(topic, messages, queues)
             appends.append((topic, tid, messages, qids))
         progress_rows = [
-            (group, self._topic(topic)[0], qid, p.committed, p.detail_json().decode())
+            (group, self.topics.topic(topic)[0], qid, p.committed, p.detail_json().decode())
             for (topic, qid), p in progress.items()
         ]
         done_rows = self._redrive_rows(group, redrive_done)
@@ -343,9 +378,9 @@ class SqliteStore(SqliteTopics):
     def _dead_filter(self, topic: str | None) -> int | None:
         if topic is None:
             return None
-        entry = self._topics.get(topic)
+        tid = self.topics.tid_of(topic)
         # An unknown topic matches nothing; -1 is never a tid.
-        return entry[0] if entry is not None else -1
+        return tid if tid is not None else -1
 
     async def list_dead_letters(
         self, group: str, topic: str | None, limit: int

@@ -37,7 +37,7 @@ from tests.support import RunningServer, wait_until
 
 def writer_connection(server: RunningServer) -> sqlite3.Connection:
     """The SQLite store's writer connection (internal: the store has no switch for this)."""
-    conn: sqlite3.Connection = server.app.state.broker.store._db._writer.conn
+    conn: sqlite3.Connection = server.app.state.broker.store._db._tx.conn
     return conn
 
 

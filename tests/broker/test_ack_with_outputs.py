@@ -241,7 +241,7 @@ async def test_a_redriven_dead_letter_is_finished_in_the_same_transaction() -> N
         with anyio.fail_after(5):
             while await store.count_dead_letters("g") == 0:
                 await anyio.sleep(0.01)
-        await broker.redrive("g", None)
+        await broker.operator.redrive("g", None)
         again = (await broker.pull("g", 10, 2000, None, [])).deliveries
         assert [d.message.ref for d in again] == [a.message.ref]
         await broker.ack_with_outputs("g", fenced(*again), outputs(1))

@@ -129,9 +129,9 @@ async def test_redrive_resumes_after_restart_until_acked() -> None:
         for _ in range(2):
             got = (await broker.pull("g", 10, 1000, None, [])).deliveries
             broker.ack("g", [Result("t", 0, fails=[(e.message.offset, "x")]) for e in got])
-        await broker.commit("g")
+        await broker.operator.commit("g")
         assert await store.count_dead_letters("g") == 2
-        assert await broker.redrive("g", None) == 2
+        assert await broker.operator.redrive("g", None) == 2
         got = (await broker.pull("g", 10, 1000, None, [])).deliveries
         assert [e.message.offset for e in got] == [0]
     async with running(store) as broker:  # restarted before the redrive finished
@@ -141,7 +141,7 @@ async def test_redrive_resumes_after_restart_until_acked() -> None:
             seen += [e.message.offset for e in got]
             broker.ack("g", ack_all(got))
         assert seen == [0, 1]
-        await broker.commit("g")
+        await broker.operator.commit("g")
         assert await store.load_redriving("g") == []
         assert await store.count_dead_letters("g") == 0
 

@@ -213,7 +213,7 @@ async def test_failing_status_is_retried_then_dead_lettered(receiver: Receiver) 
         await produce(broker, 3, ["bad", "good"])
         await drained(broker)
         view = await broker.describe_group("g")
-        dead = await broker.dead_letters("g", None, 10)
+        dead = await broker.operator.dead_letters("g", None, 10)
     attempts = [
         m["attempt"] for r in receiver.answered(500) for m in r.messages if m["key"] == "bad"
     ]

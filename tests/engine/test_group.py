@@ -155,7 +155,7 @@ def test_finished_messages_are_not_kept_alive_by_deadline_heaps() -> None:
     stats = h.engine.stats(h.now)
     live = stats.in_flight + stats.retrying
     # Only live items (plus a small slack) may stay referenced from the heaps (white box).
-    assert len(h.engine._timeouts) + len(h.engine._retries) <= 2 * live + 128
+    assert len(h.engine._flight._timeouts) + len(h.engine._retries) <= 2 * live + 128
     retrying = {(b.qid, b.offset) for b in h.engine.blocked_keys(h.now) if b.state == "retrying"}
     assert retrying == {(d.message.qid, d.message.offset) for d in got[:500]}
 

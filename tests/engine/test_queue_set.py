@@ -1,4 +1,4 @@
-"""Queues joining and leaving a running engine (cluster hand-over verbs of ``queue_set``)."""
+"""Queues joining and leaving a running engine (the cluster hand-over verbs of ``GroupEngine``)."""
 
 from __future__ import annotations
 

@@ -199,7 +199,7 @@ async def test_a_version_2_file_is_migrated_keeping_every_message(tmp_path: Path
     await s.append("u", [new(0, 1)], T0, 0)
     before = {qid: await s.read("t", qid, 0, 1000) for qid in range(3)}
     stats = await s.queue_stats("t")
-    tids = {name: entry[0] for name, entry in s._topics.items()}  # white box: the tids
+    tids = {name: s.topics.topic(name)[0] for name in ("t", "u")}
     await s.close()
     stored = [(tids["t"], m) for ms in before.values() for m in ms]
     stored.append((tids["u"], Message("u", 0, 0, None, b'{"n":1}', b'{"h":1}', None, T0)))

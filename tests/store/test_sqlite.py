@@ -242,7 +242,7 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
         conn.execute(on_body_written("late_boom", "AFTER", b"!", "INSERT INTO child VALUES (42)"))
     finally:
         conn.close()
-    writer = store._db._writer.conn  # white box: enforcement is a per-connection setting
+    writer = store._db._tx.conn  # white box: enforcement is a per-connection setting
     assert writer is not None
     writer.execute("PRAGMA foreign_keys = ON")
 
@@ -344,7 +344,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
 ) -> None:
     await store.create_topic("t", 1)
     await store.append("t", [NewMessage(None, b"1", qid=0)], T0, 0)
-    conn = store._db._writer.conn
+    conn = store._db._tx.conn
     assert conn is not None
     # What a ROLLBACK that failed after a failed write leaves behind: it used to make every
     # later BEGIN fail with "cannot start a transaction within a transaction".
@@ -355,7 +355,7 @@ async def test_a_writer_left_inside_a_transaction_heals(
             AppendResult(0, 1)
         ]
     assert "still inside a transaction" in caplog.text
-    assert store._db._writer.conn is conn  # the ROLLBACK worked: same connection
+    assert store._db._tx.conn is conn  # the ROLLBACK worked: same connection
     assert [m.body_json for m in await store.read("t", 0, 0, 10)] == [b"1", b"2"]
 
 
@@ -379,7 +379,7 @@ async def test_a_writer_that_cannot_roll_back_is_reopened(
     store: SqliteStore, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await store.create_topic("t", 1)
-    writer = store._db._writer
+    writer = store._db._tx
     assert writer.conn is not None
     stuck = _StuckConnection(writer.conn)
     writer.conn = stuck  # type: ignore[assignment]

@@ -46,7 +46,11 @@ async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
 
 
 def writer(store: SqliteStore) -> Writer:
-    return store._db._writer  # white box: the queue and its counters
+    return store._db._writer  # white box: the queue
+
+
+def transactions(store: SqliteStore) -> int:
+    return store._db._tx.transactions  # white box: transactions run so far
 
 
 def raw(path: Path) -> sqlite3.Connection:
@@ -130,11 +134,11 @@ async def test_concurrent_appends_get_contiguous_offsets_that_match_reads(
                 sent[r.qid, r.offset] = m.body_json
             await anyio.lowlevel.checkpoint()
 
-    before = writer(store).transactions
+    before = transactions(store)
     async with anyio.create_task_group() as tg:
         for task in range(20):
             tg.start_soon(producer, task)
-    assert writer(store).transactions - before < 20 * 15  # calls really were folded together
+    assert transactions(store) - before < 20 * 15  # calls really were folded together
     nexts = [s.next_offset for s in await store.queue_stats("t")]
     for qid in (0, 1):
         stored = await store.read("t", qid, 0, 10_000)
@@ -155,7 +159,7 @@ async def test_a_failing_append_fails_alone_and_its_batch_commits(store: SqliteS
     await store.append("t", msgs(0, "0"), T0, WINDOW)
     # SQLite itself refuses one row, after earlier rows of the same call were inserted.
     refuse_rows_with(store.path)
-    before = writer(store).transactions
+    before = transactions(store)
     async with writer_held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "1", ids=("id-a",)), T0, WINDOW))
         # Later in time, a new id, two queues: none of it may survive the failure.
@@ -165,7 +169,7 @@ async def test_a_failing_append_fails_alone_and_its_batch_commits(store: SqliteS
         calls.start("d", lambda: store.append("t", msgs(1, "6", ids=("id-a",)), T0, WINDOW))
         calls.start("topic", lambda: store.create_topic("t", 3))
     out = calls.outcomes
-    assert writer(store).transactions - before == 2  # the held write, then one batch
+    assert transactions(store) - before == 2  # the held write, then one batch
     assert isinstance(out["b"], StoreError) and "injected failure" in str(out["b"])
     assert isinstance(out["b"].__cause__, sqlite3.Error)
     assert isinstance(out["topic"], TopicConflict)
@@ -198,9 +202,9 @@ async def test_a_failed_commit_fails_the_whole_batch_and_keeps_caches(
         conn.execute(on_body_written("late_boom", "AFTER", b"!", "INSERT INTO child VALUES (42)"))
     finally:
         conn.close()
-    w = writer(store)
-    assert w.conn is not None
-    w.conn.execute("PRAGMA foreign_keys = ON")
+    tx = store._db._tx
+    assert tx.conn is not None
+    tx.conn.execute("PRAGMA foreign_keys = ON")
     async with writer_held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "1", ids=("id-a",)), T0 + 9, WINDOW))
         calls.start("bad", lambda: store.append("t", msgs(1, "!"), T0 + 9, WINDOW))
@@ -261,13 +265,13 @@ async def test_callers_of_one_batch_are_answered_in_offset_order(store: SqliteSt
 
 
 async def test_progress_commits_and_appends_share_a_transaction(store: SqliteStore) -> None:
-    before = writer(store).transactions
+    before = transactions(store)
     async with writer_held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "a"), T0, 0))
         calls.start("c", lambda: store.commit("g", {("t", 0): QueueProgress(1, ((2, 3),))}))
         calls.start("b", lambda: store.append("t", msgs(0, "b"), T0, 0))
         calls.start("save", lambda: store.save_group("g", b"{}"))
-    assert writer(store).transactions - before == 2
+    assert transactions(store) - before == 2
     assert calls.outcomes["a"] == [AppendResult(0, 0)]
     assert calls.outcomes["b"] == [AppendResult(0, 1)]
     assert await store.load_progress("g") == {("t", 0): QueueProgress(1, ((2, 3),))}
@@ -278,13 +282,13 @@ async def test_batches_are_capped_and_run_in_arrival_order(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_sqlite_writer, "MAX_BATCH_WEIGHT", 10)
-    before = writer(store).transactions
+    before = transactions(store)
     async with writer_held(store) as calls:
         for i in range(5):
             calls.start(f"{i}", functools.partial(store.append, "t", msgs(0, *"abcd"), T0, 0))
             await wait_for(functools.partial(lambda n: len(writer(store)._queue) == n, i + 1))
     # 4 + 4 messages fit under the cap of 10, a third append does not: 3 transactions.
-    assert writer(store).transactions - before == 1 + 3
+    assert transactions(store) - before == 1 + 3
     for i in range(5):
         assert [r.offset for r in calls.outcomes[f"{i}"]] == list(range(4 * i, 4 * i + 4))
 
@@ -331,11 +335,11 @@ async def test_old_path_without_group_commit(tmp_path: Path) -> None:
     await s.open()
     try:
         await s.create_topic("t", 1)
-        before = writer(s).transactions
+        before = transactions(s)
         async with anyio.create_task_group() as tg:
             for i in range(10):
                 tg.start_soon(s.append, "t", msgs(0, f"{i}"), T0, 0)
-        assert writer(s).transactions - before == 10
+        assert transactions(s) - before == 10
         assert [m.offset for m in await s.read("t", 0, 0, 100)] == list(range(10))
     finally:
         await s.close()

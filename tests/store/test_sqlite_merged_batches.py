@@ -23,7 +23,15 @@ from cproxy.model import AppendResult, NewMessage, QueueProgress
 from cproxy.store import _sqlite_writer, sqlite
 from cproxy.store.sqlite import SqliteStore
 from tests.store.sqlite_faults import refuse_rows_with
-from tests.store.test_sqlite_group_commit import T0, WINDOW, msgs, raw, wait_for, writer
+from tests.store.test_sqlite_group_commit import (
+    T0,
+    WINDOW,
+    msgs,
+    raw,
+    transactions,
+    wait_for,
+    writer,
+)
 from tests.store.test_sqlite_group_commit import writer_held as held
 
 
@@ -105,13 +113,13 @@ async def test_a_write_after_appends_sees_their_rows(store: SqliteStore) -> None
 
 
 async def test_a_failed_write_among_merged_appends_fails_alone(store: SqliteStore) -> None:
-    before = writer(store).transactions
+    before = transactions(store)
     async with held(store) as calls:
         calls.start("a", lambda: store.append("t", msgs(0, "a"), T0, WINDOW))
         calls.start("conflict", lambda: store.create_topic("t", 3))
         calls.start("b", lambda: store.append("t", msgs(0, "b", ids=("id-b",)), T0, WINDOW))
         calls.start("c", lambda: store.append("t", msgs(1, "c"), T0, WINDOW))
-    assert writer(store).transactions - before == 2  # the held write, then one batch
+    assert transactions(store) - before == 2  # the held write, then one batch
     assert isinstance(calls.outcomes["conflict"], TopicConflict)
     assert calls.outcomes["a"] == [AppendResult(0, 0)]
     assert calls.outcomes["b"] == [AppendResult(0, 1)]
@@ -138,7 +146,7 @@ async def test_a_row_refused_at_the_merged_insert_fails_only_its_append(
 async def test_a_lone_leader_gathers_writes_arriving_within_a_few_loop_turns(
     store: SqliteStore,
 ) -> None:
-    before = writer(store).transactions
+    before = transactions(store)
 
     async def append_after(turns: int, body: str) -> list[AppendResult]:
         for _ in range(turns):
@@ -154,7 +162,7 @@ async def test_a_lone_leader_gathers_writes_arriving_within_a_few_loop_turns(
         # One write more every loop turn: the leader keeps waiting while they keep coming.
         for turns in range(5):
             tg.start_soon(run, turns)
-    assert writer(store).transactions - before == 1
+    assert transactions(store) - before == 1
     assert sorted(r[0].offset for r in results.values()) == list(range(5))
 
 
@@ -162,7 +170,7 @@ async def test_a_lone_leader_stops_gathering_after_the_last_turn(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_sqlite_writer, "GATHER_TURNS", (2, 3))
-    before = writer(store).transactions
+    before = transactions(store)
 
     async def late() -> None:
         for _ in range(20):
@@ -172,7 +180,7 @@ async def test_a_lone_leader_stops_gathering_after_the_last_turn(
     async with anyio.create_task_group() as tg:
         tg.start_soon(store.append, "t", msgs(0, "first"), T0, 0)
         tg.start_soon(late)
-    assert writer(store).transactions - before == 2
+    assert transactions(store) - before == 2
     assert await bodies(store, 0) == [b"first", b"late"]
 
 
