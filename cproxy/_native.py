@@ -1,7 +1,7 @@
-"""The hot path compiled with mypyc, and when the compiled modules are used.
+"""The compiled core: the hot path compiled with mypyc, and when the compiled modules are used.
 
 ``setup.py`` compiles the modules in ``MODULES`` (the engine, ``Message``, the append plan,
-record batches, produce checks, topic placement: pure, strictly typed Python) into C extensions with
+record batches, produce checks, queue placement: pure, strictly typed Python) into C extensions with
 mypyc when cproxy is installed and a C compiler is there; without one the install is pure
 Python, and nothing else changes. The ``.py`` stays next to each compiled module and is the
 source of truth. A compiled module is only used while it was built from exactly that source:
@@ -13,6 +13,14 @@ load from source, with one warning: compiled modules call each other's native cl
 directly, so a mix of compiled and source modules would not work. ``CPROXY_PURE_PYTHON=1``
 in the environment loads them from source always (debugging, or an A/B benchmark of the
 compiler's gain), and at build time skips compiling.
+
+The boundary: every module in ``MODULES`` starts with the line ``MARKER``, and no other module
+does (tests/test_native.py checks both ways), so a reader sees at the top of a file that it is
+compiled. Only sync, CPU-bound code goes in: a module that awaits (store or network I/O) gains
+nothing from the compiler, whose gain is in per-message loops and attribute reads, and pays
+its constraints (run-time type checks, no monkeypatching). When such a module has a hot
+loop, the loop moves into a compiled module (``Topics.place`` calls
+``cproxy.placement.place``). Code shaped for the compiler stays inside the boundary.
 
 Writing for the compiler: module-level constants that hot code reads are ``Final`` (mypyc
 inlines literals and keeps other objects in C statics, where a plain global is a dict lookup
@@ -71,9 +79,11 @@ MODULES = (
     "cproxy.api.items",
     "cproxy.api.produced",
     "cproxy.broker.delays",
-    "cproxy.broker.topics",
     "cproxy.placement",
 )
+
+#: The first line of every module in ``MODULES``, and of no other module.
+MARKER = "# cproxy: compiled (mypyc), see cproxy/_native.py"
 
 #: Environment variable: "1" loads ``MODULES`` from source (and skips compiling at build).
 PURE_ENV = "CPROXY_PURE_PYTHON"
@@ -169,3 +179,11 @@ def _decide(compiled: list[str]) -> str:
 def status() -> str:
     """ "compiled", or "source (why)": how the hot path's modules run in this process."""
     return _state["status"]
+
+
+def describe() -> str:
+    """``status()`` for a person: "compiled", or "interpreted: why" (``cproxy --version``)."""
+    decision = status()
+    if decision == "compiled":
+        return decision
+    return "interpreted: " + decision.removeprefix("source (").removesuffix(")")

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """The per-item loops of the hot calls, compiled with mypyc (``cproxy._native``).
 
 A pull answer walks one item per delivered message, and a pull or ack with results one per

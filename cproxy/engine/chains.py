@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """A chain's containers (``Chain``) and a topic's ready queues (``ReadyQueue``): the state the
 ``Sequencer`` owns (``cproxy.engine.sequencer``, whose docstring tells how chains work). Read
 only outside the sequencer."""

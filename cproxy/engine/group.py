@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """One consumer group: fetch -> sequence -> ready -> in flight -> ack / fail / timeout.
 
 ``GroupEngine`` is a pure state machine and the sole owner of its state: it performs no I/O

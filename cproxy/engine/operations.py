@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Operator actions and less frequent verbs of a group: seek, redrive, blocked keys, skip,
 release, stats, retention, taking deliveries back uncharged.
 

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Queues joining and leaving a group's engine while it runs (cluster mode, DESIGN.md s. 8).
 
 A proxy in a cluster serves only the queues it owns, and ownership moves. These verbs are

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Per-order-value chains and the ready queues (DDMQ's UpstreamJobBlockingQueue).
 
 A *chain* holds the messages of one order value that are in memory: the *head* (the one

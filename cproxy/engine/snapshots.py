@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Frozen views the engine hands out: what callers may read, never a live container."""
 
 from __future__ import annotations

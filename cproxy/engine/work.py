@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """One message held in memory by one group, and the single place its state changes.
 
 An ``Entry`` is the engine's work container (parallel-consumer's ``WorkContainer``): a stored

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Planning an append: offsets, clamped ``produced_at_ms`` and dedup hits, for any store.
 
 Every store that keeps its log in tables (SQLite, PostgreSQL) plans an append the same way once
