@@ -105,6 +105,17 @@ def test_ci_runs_the_suite_on_the_compiled_hot_path() -> None:
     assert _native.status() == "compiled"
 
 
+@pytest.mark.skipif(
+    os.environ.get(_native.PURE_ENV) != "1",
+    reason=f"{_native.PURE_ENV} is not set (.ci/run sets it for its interpreted run)",
+)
+def test_the_interpreted_run_runs_every_compiled_module_from_source() -> None:
+    assert _native.status().startswith("source (")
+    for module in _native.MODULES:
+        __import__(module)
+        assert sys.modules[module].__file__ == str(_native.source_path(module)), module
+
+
 def test_no_compiled_module_defines_a_msgspec_struct() -> None:
     """mypyc drops the class keyword arguments of what it compiles: a Struct's ``gc=False``
     or ``omit_defaults=True`` would silently not apply (the JSON of a pull answer changed)."""

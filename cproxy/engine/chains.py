@@ -10,10 +10,7 @@ from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from cproxy.engine.work import Entry, State
-
-# Final: see cproxy/_native.py.
-_READY: Final = State.READY
+from cproxy.engine.work import READY, Entry
 
 
 # Subclasses of built-in containers stay ordinary Python classes when mypyc compiles the
@@ -120,6 +117,6 @@ class ReadyQueue:
         for queue in (self.reactivated, self.fresh):
             while queue:
                 entry = queue.popleft()
-                if entry.state is _READY:
+                if entry.state is READY:
                     return entry
         return None
