@@ -24,8 +24,15 @@ loop, the loop moves into a compiled module (``Topics.place`` calls
 
 Writing for the compiler: module-level constants that hot code reads are ``Final`` (mypyc
 inlines literals and keeps other objects in C statics, where a plain global is a dict lookup
-on every read), and the classes that are read per message are native (``Message`` lives in
-``cproxy/_message.py`` for that reason).
+on every read; the states of ``engine/work.py`` are ``Final`` names defined there once, also
+five times faster than ``State.READY`` interpreted), and the classes that are read per message
+are native (``Message`` lives in ``cproxy/_message.py`` for that reason). One record idiom: a
+slotted ``dataclass``, with its ``__init__`` written out when one is built per message (the
+generated one is interpreted even in a compiled class: 1,000 six-field records, 38 µs
+compiled against 250 µs generated, 150 µs for a named tuple's ``tuple.__new__``; interpreted
+all ~250 µs; fields read twice as fast as a named tuple's both ways). Store rows that a database
+driver takes as tuples (``store/_records.Batch``) stay named tuples. ``placement.py`` is the
+one module that branches on ``status()`` (why: there).
 
 This module must stay importable on its own (``setup.py`` runs it before cproxy exists): the
 standard library only.

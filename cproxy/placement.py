@@ -59,6 +59,9 @@ def murmur2(data: bytes) -> int:
 
 #: Whether the hot path runs interpreted in this process (no C compiler at install, or
 #: ``CPROXY_PURE_PYTHON`` set): ``cproxy._native`` decides it once, for all of its modules.
+#: The one branch of the compiled core on how it runs, kept because the best ``key_hash``
+#: differs by a factor of 20 (1,000 keys: interpreted, 1.2 ms computed, 63 µs from the cache;
+#: compiled, the cache only adds CPU-cache misses).
 _INTERPRETED: Final = _native.status() != "compiled"
 #: ``key_hash`` of recent keys, interpreted only; emptied when it reaches ``_CACHED_KEYS``.
 _KEY_HASHES: Final[dict[str, int]] = {}

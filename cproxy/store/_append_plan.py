@@ -17,7 +17,7 @@ from cproxy.model import AppendResult, Message, NewMessage
 Stored = tuple[int, int, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """What one append writes, and what it returns."""
 
