@@ -176,6 +176,19 @@ def test_the_compiled_modules_and_only_they_carry_the_marker() -> None:
     assert sorted(marked) == sorted(_native.MODULES)
 
 
+def test_the_engine_is_compiled_whole() -> None:
+    """The engine is pure, sync and the hottest code: a new module of it is compiled too
+    (listed in ``MODULES``, marked), or its classes would run interpreted between compiled
+    ones and a native class could not extend them."""
+    root = Path(__file__).resolve().parents[1]
+    engine = sorted(
+        f"cproxy.engine.{path.stem}"
+        for path in (root / "cproxy" / "engine").glob("*.py")
+        if path.stem != "__init__"
+    )
+    assert [m for m in engine if m not in _native.MODULES] == []
+
+
 def test_no_compiled_module_awaits() -> None:
     """Only sync, CPU-bound code is compiled: I/O gains nothing from mypyc."""
     import ast
