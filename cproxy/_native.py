@@ -1,12 +1,13 @@
 """The compiled core: the hot path compiled with mypyc, and when the compiled modules are used.
 
 ``setup.py`` compiles the modules in ``MODULES`` (the engine, ``Message``, the append plan,
-record batches, produce checks, queue placement: pure, strictly typed Python) into C extensions with
-mypyc when cproxy is installed and a C compiler is there; without one the install is pure
-Python, and nothing else changes. The ``.py`` stays next to each compiled module and is the
-source of truth. A compiled module is only used while it was built from exactly that source:
-``setup.py`` records every source's SHA-256 in ``_native_build.json``, and ``install()``
-(called when ``cproxy`` is imported) compares them.
+record batches, produce checks, queue placement: pure, strictly typed Python) into C extensions
+with mypyc when cproxy is installed and a C compiler is there; without one the install is pure
+Python (one warning line), and nothing else changes. ``describe()`` says which runs (``cproxy
+--version``, ``cproxy_build_info`` in ``/metrics``, the start-up line). The ``.py`` stays next
+to each compiled module and is the source of truth. A compiled module is only used while it was
+built from exactly that source: ``setup.py`` records every source's SHA-256 in
+``_native_build.json``, and ``install()`` (called when ``cproxy`` is imported) compares them.
 
 If a source changed since the build (an editable install, then an edit), *all* of ``MODULES``
 load from source, with one warning: compiled modules call each other's native classes

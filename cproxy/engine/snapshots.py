@@ -1,5 +1,7 @@
 # cproxy: compiled (mypyc), see cproxy/_native.py
-"""Frozen views the engine hands out: what callers may read, never a live container."""
+"""Views the engine hands out: what callers may read, never a live container. Frozen, but for
+``Delivery``, one per delivered message, which is read-only by convention (its ``__init__``
+written out: the record idiom of ``cproxy/_native.py``)."""
 
 from __future__ import annotations
 
