@@ -3,13 +3,15 @@ why). All other metadata is in ``pyproject.toml``.
 
 Without a working C compiler (or with ``CPROXY_PURE_PYTHON=1``) the install is pure Python:
 the same behaviour, slower. Without a compiler or the Python headers no C is generated at all
-(that alone takes a minute); a compile that fails prints one warning and the install goes on.
-The warning goes to the terminal when there is one: pip shows a build's own output only with
-``-v``.
+(that alone takes a minute); a compile that fails prints one warning line and the install goes
+on (``cproxy --version`` then says ``hot path: interpreted``). The warning goes to the terminal
+when there is one: pip shows a build's own output only with ``-v``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import runpy
@@ -28,7 +30,10 @@ NATIVE: dict[str, Any] = runpy.run_path(str(HERE / "cproxy" / "_native.py"))
 
 
 def _warn(message: str) -> None:
-    line = f"cproxy: {message}; installing the pure-Python hot path (same behaviour, slower)\n"
+    line = (
+        f"cproxy: WARNING: {message}; installing the pure-Python hot path "
+        "(same behaviour, slower)\n"
+    )
     try:  # pip captures the build's output: the terminal, if any, still shows this line
         with open("/dev/tty", "w") as tty:
             tty.write(line)
@@ -69,10 +74,14 @@ def _extensions() -> list[Any]:
     options = ["--config-file", os.devnull, "--ignore-missing-imports"]
     _remove_stale_extensions()
     record = NATIVE["record_build"](HERE)  # the sources as mypyc reads them now
+    printed = io.StringIO()  # mypy prints its errors on stdout, notes on stderr
     try:
-        extensions = mypycify(options + sources, opt_level="3", group_name="cproxy_native")
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            extensions = mypycify(options + sources, opt_level="3", group_name="cproxy_native")
     except (Exception, SystemExit) as exc:  # mypy's errors end in SystemExit
-        _warn(f"mypyc could not compile the hot path ({exc!r})")
+        errors = [line for line in printed.getvalue().splitlines() if ": error:" in line]
+        more = f" and {len(errors) - 1} more errors" if len(errors) > 1 else ""
+        _warn(f"mypyc could not compile the hot path ({errors[0] if errors else repr(exc)}{more})")
         return []
     OptionalBuildExt.record = record
     return extensions

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """``Message`` and ``NewMessage``, in a module of their own so that mypyc compiles them
 (``cproxy/_native.py``): the compiled engine, produce path and store read their fields several
 times per message, and a native class's fields are read directly instead of through Python's

@@ -16,6 +16,7 @@ import pytest
 
 from consumer_sdk import Client, ClientError, QueueResult, TransportError
 from cproxy import __version__
+from cproxy._native import describe
 from cproxy.cli import main
 from tests.conftest import ServerFactory
 from tests.support import RunningServer, wait_until
@@ -337,7 +338,7 @@ def test_errors_print_in_one_format(server: RunningServer) -> None:
 def test_version_and_help_show_defaults(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--version"])
-    assert capsys.readouterr().out.strip() == f"cproxy {__version__}"
+    assert capsys.readouterr().out.strip() == f"cproxy {__version__} (hot path: {describe()})"
     with pytest.raises(SystemExit):
         main(["tail", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # help wraps lines

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from cproxy import __version__
+from cproxy import __version__, _native
 from cproxy.cli import serve_arguments
 from cproxy.config import load_settings
 from tests.consumer_sdk.serve_proc import free_port
@@ -39,7 +39,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 def test_python_m_cproxy_is_the_cproxy_command() -> None:
     done = run("-m", "cproxy", "--version")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"cproxy {__version__}"
+    assert done.stdout.strip() == f"cproxy {__version__} (hot path: {_native.describe()})"
 
 
 def test_serve_takes_port_and_data_dir_from_the_environment_and_logs_utc_ms(
@@ -127,4 +127,5 @@ def test_metrics_parse_and_carry_process_series_and_build_info(server: RunningSe
     info = samples["cproxy_build_info"]
     assert info.value == 1
     assert info.labels["version"] == __version__
-    assert info.labels["compiled"] in ("true", "false")
+    # The server runs in this environment: it decided as this process did.
+    assert info.labels["compiled"] == ("true" if _native.status() == "compiled" else "false")

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """The per-item loops of the hot calls, compiled with mypyc (``cproxy._native``).
 
 A pull answer walks one item per delivered message, and a pull or ack with results one per
@@ -29,7 +30,9 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
     group's transform of the body when it has one; ``run`` only with ``runs``."""
     raw = msgspec.Raw
     out: list[Delivered] = []
-    for m, attempt, run, body, charged, replay in items:  # unpacked: tuple reads
+    for d in items:
+        m = d.message
+        body = d.body_json
         headers = m.headers_json
         out.append(
             Delivered(
@@ -39,11 +42,11 @@ def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
                 m.key,
                 raw(m.body_json if body is None else body),
                 raw(headers) if headers else _RAW_NULL,
-                attempt,
-                charged,
+                d.attempt,
+                d.charged,
                 m.produced_at_ms,
-                run if runs else None,
-                True if replay else None,
+                d.run if runs else None,
+                True if d.replay else None,
             )
         )
     return out

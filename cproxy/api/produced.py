@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Produced messages, from the decoded request to ``NewMessage``: each body checked once and
 stored as the bytes the client sent.
 

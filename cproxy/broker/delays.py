@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Produce-time delays: ``delay_ms`` becomes ``deliver_at_ms`` on the broker's clock.
 
 Compiled (``cproxy._native``): ``check_delays`` walks every produced message."""

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from cproxy.errors import InvalidRequest, TopicConflict, TopicNotFound
 from cproxy.model import Message, NewMessage, QueueStats, TopicInfo
-from cproxy.placement import key_hash
+from cproxy.placement import place as place_on_queues
 from cproxy.store.base import MessageLog
 
 logger = logging.getLogger(__name__)
@@ -94,20 +94,9 @@ class Topics:
 
     def place(self, topic: str, messages: Sequence[NewMessage]) -> None:
         """Give each message without a ``qid`` one, in place: by key, else round robin."""
-        queues = self.get(topic).queues  # >= 1: stores refuse fewer
         rr = self._round_robin.setdefault(topic, itertools.count())
-        for i, m in enumerate(messages):
-            qid, key = m.qid, m.key
-            if qid is not None:
-                if not 0 <= qid < queues:
-                    raise InvalidRequest(
-                        f"messages[{i}].qid {qid} is out of range: topic {topic!r} has "
-                        f"queues 0..{queues - 1}"
-                    )
-            elif key is not None:
-                m.qid = key_hash(key) % queues  # as queue_for_key, one call fewer
-            else:
-                m.qid = next(rr) % queues
+        # queues >= 1: stores refuse fewer. The loop is compiled (cproxy.placement).
+        place_on_queues(topic, self.get(topic).queues, messages, rr)
 
     async def seek_targets(self, topic: str, qid: int | None, to: SeekTarget) -> dict[int, int]:
         """The offset per queue (one, or all of the topic) that ``to`` names."""

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TypeAlias
 
-from cproxy import __version__
+from cproxy import __version__, _native
 
 DEFAULT_URL = "http://127.0.0.1:9713"
 #: What ``add_subparsers()`` returns.
@@ -350,7 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cproxy", description=DESCRIPTION, formatter_class=_Formatter
     )
-    parser.add_argument("--version", action="version", version=f"cproxy {__version__}")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"cproxy {__version__} (hot path: {_native.describe()})",
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _serve(sub)
     _token(sub)

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Heads that hold their key up: exhausted messages waiting for an operator, finding a blocked
 head to skip or release, and listing stuck keys.
 

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """A topic's ready queues (``ReadyQueue``): state the ``Sequencer`` owns
 (``cproxy.engine.sequencer``, whose docstring tells how chains work). Read only outside the
 sequencer. ``Chain`` lives with ``Entry`` in ``cproxy.engine.work``: each refers to the other."""
@@ -5,12 +6,8 @@ sequencer. ``Chain`` lives with ``Entry`` in ``cproxy.engine.work``: each refers
 from __future__ import annotations
 
 from collections import deque
-from typing import Final
 
-from cproxy.engine.work import Entry, State
-
-# Final: see cproxy/_native.py.
-_READY: Final = State.READY
+from cproxy.engine.work import READY, Entry
 
 
 class ReadyQueue:
@@ -27,6 +24,6 @@ class ReadyQueue:
         for queue in (self.reactivated, self.fresh):
             while queue:
                 entry = queue.popleft()
-                if entry.state is _READY:
+                if entry.state is READY:
                     return entry
         return None

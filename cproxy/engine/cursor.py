@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Per-queue state of one group (where reading stands) and the reads the engine plans."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Deadline heaps: ack timeouts and retry due times.
 
 Entries are never removed from the middle of a heap (that is O(n)); an item whose entry has

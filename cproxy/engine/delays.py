@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Unordered delayed messages that are far off: kept out of memory, found again by rescans.
 
 A delayed message with an order value holds its chain (``cproxy.engine.sequencer``): a far

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """What an engine call made due for its driver: a bit-set of wake-ups.
 
 The engine changes state; the driver (``cproxy.broker.runner``) runs the loops that react to

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Per-group filter and transform expressions (JMESPath), compiled once when a group is PUT.
 
 Both see a message as ``{"key": ..., "headers": {...}, "body": ...}`` (``headers`` is ``{}``

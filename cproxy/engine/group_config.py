@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """A consumer group's settings: validated once, immutable afterwards."""
 
 from __future__ import annotations

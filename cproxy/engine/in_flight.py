@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Deliveries handed out and not answered yet: by message, with their ack deadlines, and those
 held while a transaction persists their results (``GroupEngine.hold``).
 
@@ -15,11 +16,9 @@ from typing import Final
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Outcome
-from cproxy.engine.work import Entry, State
+from cproxy.engine.work import IN_FLIGHT, Entry, State
 from cproxy.model import MessageRef
 
-# Final: see cproxy/_native.py.
-_IN_FLIGHT: Final = State.IN_FLIGHT
 #: ``deadline_ms`` of a held delivery (``hold``): no ack-timeout heap item ever matches it.
 _HELD_DEADLINE: Final = -1
 
@@ -172,7 +171,7 @@ class InFlight:
             for offset in [*result.acks, *(offset for offset, _ in result.fails)]:
                 ref = (result.topic, result.qid, offset)
                 held = self._held.pop(ref, None)
-                if held is not None and held[0].state is _IN_FLIGHT:
+                if held is not None and held[0].state is IN_FLIGHT:
                     self._by_ref[ref] = held[0]
 
     def unhold(self, results: Iterable[Result]) -> None:
@@ -182,7 +181,7 @@ class InFlight:
             for offset in [*result.acks, *(offset for offset, _ in result.fails)]:
                 ref = (result.topic, result.qid, offset)
                 held = self._held.pop(ref, None)
-                if held is None or held[0].state is not _IN_FLIGHT:
+                if held is None or held[0].state is not IN_FLIGHT:
                     continue
                 entry, deadline_ms = held
                 entry.deadline_ms = deadline_ms

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Per-queue completion tracking: the committable offset is the lowest unfinished one.
 
 Messages finish out of order (different keys flow in parallel), so a queue's progress is the

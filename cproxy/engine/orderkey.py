@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Order value extraction: which chain a message belongs to.
 
 ``order_by`` is one of ``"qid"`` (the whole queue is one chain), ``"key"`` (the message key),

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """What a group has finished, per queue: derived from its state, persisted compactly.
 
 Below a queue's fetch position every message is finished, held in memory, or *unread* for a

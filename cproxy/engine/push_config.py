@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """A topic entry's ``push`` settings: where and how the proxy POSTs deliveries.
 
 Validated once when the group is PUT (a bad value is a ``ConfigError``, HTTP 422), immutable

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Reading back below a queue's fetch position: the restore and the scan after a restart,
 and the reload of a parked chain (``cproxy.engine.reader`` plans these reads and hands back
 what they found to the methods here).

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Reading for one group: what to read from the store next, and taking in what was read.
 
 The reader keeps each queue's fetch position and completion tracker (``QueueCursor``) and plans

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Plain records the group engine takes and hands back."""
 
 from __future__ import annotations

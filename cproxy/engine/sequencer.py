@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Per-order-value chains and the ready queues (DDMQ's UpstreamJobBlockingQueue).
 
 A *chain* holds the messages of one order value that are in memory: the *head* (the one
@@ -40,12 +41,7 @@ from typing import Final
 
 from cproxy.engine.chains import ReadyQueue
 from cproxy.engine.deadlines import DeadlineHeap, earliest
-from cproxy.engine.work import NO_ENTRIES, Chain, Entry, State, Tally
-
-# Final: see cproxy/_native.py.
-_READY: Final = State.READY
-_WAITING: Final = State.WAITING
-_DELAYED: Final = State.DELAYED
+from cproxy.engine.work import DELAYED, NO_ENTRIES, READY, WAITING, Chain, Entry, State, Tally
 
 #: A delayed chain head due further than this (ms) from now is not held: the chain sleeps.
 SLEEP_BEYOND_MS: Final = 3000
@@ -76,7 +72,7 @@ class Sequencer:
         #: Chains that ran dry with parked messages: the reader plans their reloads.
         self._reloads: list[Chain] = []
         #: DELAYED entries by due time (at most the held entries, with lazy deletion).
-        self._delayed = DeadlineHeap(_DELAYED, "due_ms")
+        self._delayed = DeadlineHeap(DELAYED, "due_ms")
         #: Sleeping chains by wake time: (wake_ms, tie breaker, chain), one per sleeping key;
         #: an item is stale when the chain's ``wake_ms`` no longer matches.
         self._sleeping: list[tuple[int, int, Chain]] = []
@@ -123,7 +119,7 @@ class Sequencer:
             if chain.waiting is NO_ENTRIES:
                 chain.waiting = deque()
             chain.waiting.append(entry)
-            self._tally.move(entry, _WAITING)
+            self._tally.move(entry, WAITING)
 
     def chain(self, topic: str, value: str) -> Chain | None:
         return self._chains.get((topic, value))
@@ -142,10 +138,10 @@ class Sequencer:
         entry.due_ms = due
         chain = entry.chain
         if chain is not None and due - self._now_ms > SLEEP_BEYOND_MS and not chain.run:
-            self._tally.move(entry, _DELAYED)  # counted while the chain is put to sleep
+            self._tally.move(entry, DELAYED)  # counted while the chain is put to sleep
             self._sleep(chain)
             return
-        self._tally.move(entry, _DELAYED)
+        self._tally.move(entry, DELAYED)
         self._delayed.push(due, entry)
 
     def note_time(self, now_ms: int) -> None:
@@ -166,7 +162,7 @@ class Sequencer:
             chain.wake_ms = None
             if chain.head is None and chain.parked and not chain.reloading:
                 self._reloads.append(chain)
-        self._delayed.compact(self._tally.count(_DELAYED))
+        self._delayed.compact(self._tally.count(DELAYED))
 
     def next_due_ms(self) -> int | None:
         """When ``advance`` next has work (ms), or None."""
@@ -184,7 +180,7 @@ class Sequencer:
         """Release the DELAYED head of ``chain`` and every message waiting behind it; the
         chain is reloaded ``WAKE_LEAD_MS`` before the head is due."""
         head = chain.head
-        assert head is not None and head.state is _DELAYED
+        assert head is not None and head.state is DELAYED
         chain.head = None
         for entry in (head, *chain.waiting):
             chain.note_parked(entry.message.qid, entry.message.offset)
@@ -200,7 +196,7 @@ class Sequencer:
 
     # -- ready work ----------------------------------------------------------------------------
     def _make_ready(self, entry: Entry, *, reactivated: bool) -> None:
-        self._tally.move(entry, _READY)
+        self._tally.move(entry, READY)
         queue = self._ready[entry.message.topic]
         (queue.reactivated if reactivated else queue.fresh).append(entry)
 
@@ -282,13 +278,13 @@ class Sequencer:
         candidates = [
             c
             for c in self._chains.values()
-            if c.waiting or (c.head is not None and c.head.state is _DELAYED and not c.run)
+            if c.waiting or (c.head is not None and c.head.state is DELAYED and not c.run)
         ]
         candidates.sort(key=lambda c: len(c.waiting), reverse=True)
         for chain in candidates:
             if chain.head is None or not is_stuck(chain.head):
                 continue
-            if chain.head.state is _DELAYED and not chain.run:
+            if chain.head.state is DELAYED and not chain.run:
                 self._sleep(chain)
                 if self._tally.held <= until_held:
                     break
@@ -353,7 +349,7 @@ class Sequencer:
             entry.chain = chain
         head = chain.head
         behind: list[Entry] = []
-        if head is None or head.state is _READY or head.state is _DELAYED:
+        if head is None or head.state is READY or head.state is DELAYED:
             first, entries = entries[0], entries[1:]
             if head is not None:
                 behind.append(head)
@@ -361,7 +357,7 @@ class Sequencer:
             self._make_head(first, reactivated=True)
         waiting = deque([*entries, *behind, *chain.waiting])
         for entry in (*entries, *behind):
-            self._tally.move(entry, _WAITING)
+            self._tally.move(entry, WAITING)
         chain.waiting = waiting if waiting else NO_ENTRIES
 
     def chains(self) -> Iterator[Chain]:

@@ -1,4 +1,7 @@
-"""Frozen views the engine hands out: what callers may read, never a live container."""
+# cproxy: compiled (mypyc), see cproxy/_native.py
+"""Views the engine hands out: what callers may read, never a live container. Frozen, but for
+``Delivery``, one per delivered message, which is read-only by convention (its ``__init__``
+written out: the record idiom of ``cproxy/_native.py``)."""
 
 from __future__ import annotations
 
@@ -8,14 +11,15 @@ from typing import NamedTuple
 from cproxy.model import Message, MessageRef
 
 
-class Delivery(NamedTuple):
+@dataclass(slots=True, unsafe_hash=True)
+class Delivery:
     """One message handed out to a consumer: ``attempt`` numbers its deliveries (1 for the
     first delivery of a fresh message; every hand-out gets the next number, never reused),
     ``charged`` counts those that failed or timed out (what ``max_attempts`` counts).
+    Treat it as read-only.
 
     ``run`` is the position, in the same pull's answer, of the first message of the
     same-key run this message belongs to (its own position when it is not in a run).
-    A named tuple: one is built per delivered message, and a frozen dataclass costs twice.
     """
 
     message: Message
@@ -28,6 +32,24 @@ class Delivery(NamedTuple):
     charged: int = 0
     #: Delivered again by a replay of its order value (it was finished before).
     replay: bool = False
+
+    # Written out, and not frozen, as ``Message.__init__`` (the record idiom of the compiled
+    # core, ``cproxy/_native.py``): one is built per delivered message.
+    def __init__(
+        self,
+        message: Message,
+        attempt: int,
+        run: int = 0,
+        body_json: bytes | None = None,
+        charged: int = 0,
+        replay: bool = False,
+    ) -> None:
+        self.message = message
+        self.attempt = attempt
+        self.run = run
+        self.body_json = body_json
+        self.charged = charged
+        self.replay = replay
 
 
 class Outcome(NamedTuple):

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """One message held in memory by one group, and the single place its state changes.
 
 An ``Entry`` is the engine's work container (parallel-consumer's ``WorkContainer``): a stored
@@ -58,13 +59,17 @@ class State(enum.IntEnum):
     OUT = 6
 
 
-_OUT: Final = State.OUT
-_WAITING: Final = State.WAITING
-_READY: Final = State.READY
-_IN_FLIGHT: Final = State.IN_FLIGHT
-_RETRYING: Final = State.RETRYING
-_EXHAUSTED: Final = State.EXHAUSTED
-_DELAYED: Final = State.DELAYED
+# The states as ``Final`` names, the one way engine code names a state in hot code
+# (``cproxy/_native.py``). Interpreted, ``State.READY`` is a class attribute lookup, ~0.11 µs
+# more per comparison than a module global (five times the cost of the check); compiled, a
+# ``Final`` read from another compiled module is a C static, as fast as a local alias.
+OUT: Final = State.OUT
+WAITING: Final = State.WAITING
+READY: Final = State.READY
+IN_FLIGHT: Final = State.IN_FLIGHT
+RETRYING: Final = State.RETRYING
+EXHAUSTED: Final = State.EXHAUSTED
+DELAYED: Final = State.DELAYED
 
 #: Every state an entry held in memory can be in: what ``max_buffered`` bounds.
 HELD = (
@@ -243,22 +248,22 @@ class _TopicTally:
     def add(self, state: State, delta: int) -> int:
         """Count ``delta`` more entries in ``state``; the count after (``OUT`` is not
         counted: 0)."""
-        if state is _READY:
+        if state is READY:
             self.ready += delta
             return self.ready
-        if state is _IN_FLIGHT:
+        if state is IN_FLIGHT:
             self.in_flight += delta
             return self.in_flight
-        if state is _WAITING:
+        if state is WAITING:
             self.waiting += delta
             return self.waiting
-        if state is _RETRYING:
+        if state is RETRYING:
             self.retrying += delta
             return self.retrying
-        if state is _DELAYED:
+        if state is DELAYED:
             self.delayed += delta
             return self.delayed
-        if state is _EXHAUSTED:
+        if state is EXHAUSTED:
             self.exhausted += delta
             return self.exhausted
         return 0
@@ -293,12 +298,12 @@ class Tally:
         entry.state = state
         message = entry.message
         tally = self._topics[message.topic]
-        if old is _OUT:
+        if old is OUT:
             tally.add(state, 1)
             self.held += 1
             if not entry.redriven:
                 tally.held(message.qid).add(message.offset)
-        elif state is _OUT:
+        elif state is OUT:
             tally.add(old, -1)
             self.held -= 1
             if not entry.redriven:

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Planning an append: offsets, clamped ``produced_at_ms`` and dedup hits, for any store.
 
 Every store that keeps its log in tables (SQLite, PostgreSQL) plans an append the same way once
@@ -16,7 +17,7 @@ from cproxy.model import AppendResult, Message, NewMessage
 Stored = tuple[int, int, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class Plan:
     """What one append writes, and what it returns."""
 

@@ -1,3 +1,4 @@
+# cproxy: compiled (mypyc), see cproxy/_native.py
 """Record batches: how the SQLite and PostgreSQL stores keep messages on disk.
 
 A produce call becomes one row per (queue, call): a *batch* holding the call's messages for
