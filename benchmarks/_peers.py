@@ -35,7 +35,7 @@ from typing import Any
 import orjson
 
 from benchmarks.harness.load import run_loop
-from consumer_sdk import AsyncClient, AsyncConsumer, Message, QueueResult
+from consumer_sdk import AsyncClient, AsyncConsumer, AsyncProducer, Message, QueueResult
 from cproxy.placement import queue_for_key
 
 GROUP = "g"
@@ -44,7 +44,7 @@ TOPIC = "bench"
 
 @dataclass(frozen=True)
 class Workload:
-    """The issue 13 workload; every system gets the same messages."""
+    """The peers workload; every system gets the same messages."""
 
     messages: int = 200_000
     keys: int = 10_000
@@ -152,6 +152,7 @@ async def _child(spec: ChildSpec, shared: Shared) -> None:
         work: Callable[[], Any] = {
             "redis": produce_redis,
             "nats": produce_nats,
+            "cproxy-sdk": produce_cproxy_sdk,
         }.get(spec.system, produce_cproxy)(spec, batches)
     else:
         tally = Tally(spec, shared)
@@ -224,6 +225,26 @@ def produce_cproxy(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
         async with client:
             for batch in encoded:
                 await client.produce_encoded(TOPIC, batch)
+
+    return _two_step(connect, run)
+
+
+def produce_cproxy_sdk(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+    """``AsyncProducer.send_batch`` of each batch (the SDK encodes the bodies)."""
+    producer = AsyncProducer(spec.address, timeout_ms=120_000)
+    keys = spec.workload.keys
+    messages = [
+        [{"key": f"k{i % keys}", "body": orjson.loads(body)} for i, _, body in batch]
+        for batch in batches
+    ]
+
+    async def connect() -> None:
+        pass  # the producer connects on its first call
+
+    async def run() -> None:
+        async with producer:
+            for batch in messages:
+                await producer.send_batch(TOPIC, batch)
 
     return _two_step(connect, run)
 

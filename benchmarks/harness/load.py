@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -99,10 +99,6 @@ async def wait_stats(
         if time.monotonic() > deadline:
             raise RuntimeError(f"group {group} not {what} after {timeout_s} s: {s}")
         await asyncio.sleep(every_s)
-
-
-def drained(s: dict[str, Any]) -> bool:
-    return all(q["lag"] == 0 for q in s["queues"]) and s["in_flight"] == 0
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -288,17 +284,12 @@ async def _puller(
     wait_ms: int,
     record_latency: bool,
     stop: asyncio.Event,
-    max_per_key: int = 1,
 ) -> None:
     results: list[QueueResult] = []
     async with client(url) as c:
         while not stop.is_set():
             pulled = await c.pull(
-                group,
-                max_messages=max_messages,
-                wait_ms=wait_ms,
-                results=results,
-                max_per_key=max_per_key,
+                group, max_messages=max_messages, wait_ms=wait_ms, results=results
             )
             now, now_ns = time.perf_counter(), time.time_ns()
             stats.pulls += 1
@@ -351,40 +342,20 @@ async def consume(
     policy: Callable[[int], Action] | None = None,
     time_limit_s: float | None = None,
     record_latency: bool = False,
-    started: Awaitable[None] | None = None,
-    max_per_key: int = 1,
 ) -> ConsumerStats:
     """Pull until ``healthy_total`` healthy messages were delivered once (or the time limit),
     then stop the pullers and flush their last acks.
 
     ``policy(key index)`` decides per delivery: ``ack`` (healthy, counted), ``ack_other``
     (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
-    flight). No policy acks everything. ``started``, if given, is awaited before the clock
-    starts (e.g. until long polls are parked). ``max_per_key`` > 1 lets pulls carry
-    same-key runs; the pullers ack whole answers, so a run is handled in order. Several URLs
-    (proxies of one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``.
+    flight). No policy acks everything. Several URLs (proxies of one cluster): puller ``i``
+    pulls from ``urls[i % len(urls)]``.
     """
     urls = as_urls(url)
     stats = ConsumerStats(healthy_total)
     stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            _puller(
-                urls[i % len(urls)],
-                group,
-                stats,
-                policy,
-                max_messages,
-                wait_ms,
-                record_latency,
-                stop,
-                max_per_key,
-            )
-        )
-        for i in range(pullers)
-    ]
-    if started is not None:
-        await started
+    args = (group, stats, policy, max_messages, wait_ms, record_latency, stop)
+    tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
     stats.started = time.perf_counter()
     waiter = asyncio.create_task(stats.done.wait())
     try:

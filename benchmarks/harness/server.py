@@ -1,9 +1,12 @@
-"""The server under test: ``cproxy serve`` (uvicorn, SQLite store) in a subprocess on a free
-loopback port, started from this tree or from another git ref (for A/B runs)."""
+"""The servers under test, each a subprocess on a free loopback port: ``cproxy serve``
+(uvicorn, SQLite store) from this tree or from another git ref (for A/B runs), and the
+others it is compared with: Redis (``redis-server``), NATS (``nats-server``) and the floor
+(a bare uvicorn ASGI app, :mod:`.floor`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -19,6 +22,9 @@ from pathlib import Path
 from benchmarks.harness.report import REPO, git_commit
 from consumer_sdk import NO_RETRY, Client, ClientError
 from cproxy._native import PURE_ENV
+
+#: What each peer needs here: (server binary, Python client module).
+PEER_NEEDS = {"redis": ("redis-server", "redis"), "nats": ("nats-server", "nats")}
 
 
 def free_port() -> int:
@@ -203,3 +209,66 @@ def servers(
             yield [stack.enter_context(running(root, s.label, s, config_toml)) for s in sources]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def nats_binary() -> str | None:
+    local = Path(sys.executable).parent / "nats-server"
+    return str(local) if local.exists() else shutil.which("nats-server")
+
+
+def missing(kind: str) -> str | None:
+    """Why the peer ``kind`` (redis, nats) cannot run here, or None."""
+    binary, module = PEER_NEEDS[kind]
+    if (nats_binary() if kind == "nats" else shutil.which(binary)) is None:
+        return f"{binary} not found"
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} client is not installed (pip install 'cproxy-ordered[bench]')"
+    return None
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def peer_process(kind: str, data: Path) -> Iterator[tuple[str, int]]:
+    """A fresh ``redis``, ``nats`` or ``floor`` server keeping its files in ``data``:
+    (address, pid). Redis keeps an AOF with ``appendfsync everysec`` (like SQLite's
+    ``synchronous=normal``: durable against a process crash); JetStream keeps files."""
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    if kind == "redis":
+        cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+        cmd += ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+        address = f"127.0.0.1:{port}"
+    elif kind == "nats":
+        cmd = [str(nats_binary()), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
+        address = f"nats://127.0.0.1:{port}"
+    else:
+        cmd = [sys.executable, "-m", "uvicorn", "benchmarks.harness.floor:app", "--port"]
+        cmd += [str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+        cmd += ["--log-level", "warning"]
+        address = f"http://127.0.0.1:{port}"
+    with (data.parent / f"{data.name}.log").open("ab") as out:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    try:
+        _wait_port(port, proc)
+        yield address, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
