@@ -12,8 +12,9 @@ carry their send time, produce batches of 20 sent on schedule (never waiting for
 pullers (at most 100 messages per pull, long polls of 5 s; Redis: each puller reads 2 streams,
 blocking up to 1 s, within redis-py's socket timeout). Latency = the moment a puller has
 parsed the answer - the send time. The peak is cproxy's closed-loop rate on the same setup
-(4 producers); the rates are 25/50/90 % of ``min(peak, --peak-cap)`` (default 40,000: at most 20k msgs/s at 50 %).
-Rounds run every rate and system in rotating order; the report gives medians per point.
+(4 producers); the rates are 25/50/90 % of ``min(peak, --peak-cap)`` (default 40,000: at
+most 20k msgs/s at 50 %). Rounds run every rate and system in rotating order; the report
+gives medians per point.
 
     python -m benchmarks.latency --quick                  # 2 s per point, 1 round
     python -m benchmarks.latency --seconds 10 --rounds 3 --json latency.json
