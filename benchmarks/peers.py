@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import multiprocessing
 import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -71,7 +70,6 @@ from benchmarks.harness.server import (
     missing,
     peer_process,
     this_tree,
-    tree_at,
 )
 from consumer_sdk import Client
 
@@ -211,15 +209,9 @@ def describe(r: dict[str, Any]) -> str:
     )
 
 
-def run_rounds(
-    systems: list[System],
-    wl: Workload,
-    rounds: int,
-    checkpoint: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None,
-) -> dict[str, list[dict[str, Any]]]:
+def run_rounds(systems: list[System], wl: Workload, rounds: int) -> dict[str, list[dict[str, Any]]]:
     """Per round and system: the no-stall and the stall run (window: 2 x the no-stall time),
-    in alternating order; ``checkpoint`` gets the results so far after every round (a long
-    run that is stopped keeps its finished rounds)."""
+    in alternating order."""
     out: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
     root = Path(tempfile.mkdtemp(prefix="cproxy-peers-"))
     try:
@@ -245,8 +237,6 @@ def run_rounds(
                 second = one(system, rnd, not stall_first)
                 plain, stalled = (second, first) if stall_first else (first, second)
                 out[system.name].append({"round": rnd, "plain": plain, "stall": stalled})
-            if checkpoint is not None:
-                checkpoint(out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -305,7 +295,7 @@ def report(rows: list[dict[str, Any]], wl: Workload, args: Any, skipped: dict[st
 
 
 def main() -> None:
-    parser = arg_parser(__doc__, "20,000 messages, 1 round", ab=True)
+    parser = arg_parser(__doc__, "20,000 messages, 1 round")
     parser.add_argument("--rounds", type=int, help="interleaved rounds (default 5; 1 quick)")
     parser.add_argument("--messages", type=int, help="default 200,000 (20,000 quick)")
     parser.add_argument(
@@ -319,27 +309,16 @@ def main() -> None:
     wl = replace(wl, messages=args.messages or (20_000 if args.quick else wl.messages))
     facts = machine_facts()
     skipped: dict[str, str] = {}
-    with contextlib.ExitStack() as stack:
-        sources = [this_tree()]
-        if args.ab:
-            sources.append(stack.enter_context(tree_at(args.ab)))
-        systems: list[System] = []
-        for kind in args.systems.split(","):
-            if kind.startswith("cproxy"):
-                for src in sources:
-                    label = kind if len(sources) == 1 else f"{kind} ({src.label} {src.commit})"
-                    systems.append(System(label, kind, src))
-            elif (why := missing(kind)) is not None:
-                skipped[kind] = why
-                progress(f"skipping {kind}: {why}")
-            else:
-                systems.append(System(kind, kind))
-
-        def checkpoint(partial: dict[str, list[dict[str, Any]]]) -> None:
-            if args.json is not None:
-                args.json.write_text(json.dumps({"partial": True, "runs": partial}, indent=2))
-
-        results = run_rounds(systems, wl, args.rounds, checkpoint)
+    systems: list[System] = []
+    for kind in args.systems.split(","):
+        if kind.startswith("cproxy"):
+            systems.append(System(kind, kind, this_tree()))
+        elif (why := missing(kind)) is not None:
+            skipped[kind] = why
+            progress(f"skipping {kind}: {why}")
+        else:
+            systems.append(System(kind, kind))
+    results = run_rounds(systems, wl, args.rounds)
     names = [s.name for s in systems]
     rows = summarise(results, "redis" if "redis" in names else names[0])
     out = {"machine": facts, "commit": this_tree().commit, "workload": asdict(wl),

@@ -30,11 +30,8 @@ TIMEOUT_MS = 120_000
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` on uvloop when installed (the client must not be the bottleneck), with
-    the collector's full passes off: the load generator must not pause either. Its full
-    collections (over every task, message and latency sample it holds) stopped it for 40-60
-    ms every ~2 s at 27k msgs/s, and that showed as the server's p99 (docs/benchmarks.md,
-    round 8). Young objects are still collected; what lives long is freed at the end."""
+    """Run ``main()`` on uvloop with the collector's full passes off: they stopped the load
+    generator for 40-60 ms every ~2 s at 27k msgs/s, which showed as the server's p99."""
     gc.collect()
     gc.freeze()  # what exists now (modules, ...) is never scanned
     young, middle, old = gc.get_threshold()
@@ -77,11 +74,6 @@ async def delete_group(c: AsyncClient, group: str) -> None:
         await c.delete_group(group)
 
 
-async def group_stats(c: AsyncClient, group: str) -> dict[str, Any]:
-    stats: dict[str, Any] = (await c.get_group(group))["stats"]
-    return stats
-
-
 async def wait_stats(
     c: AsyncClient,
     group: str,
@@ -93,7 +85,7 @@ async def wait_stats(
     """Poll the group's stats until ``done(stats)``; RuntimeError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        s = await group_stats(c, group)
+        s: dict[str, Any] = (await c.get_group(group))["stats"]
         if done(s):
             return s
         if time.monotonic() > deadline:
@@ -167,7 +159,6 @@ class OpenLoopResult:
     messages: int
     seconds: float
     late_batches: int  # batches sent more than one interval after their slot
-    call_ms: list[float]
 
 
 async def open_loop_produce(
@@ -188,7 +179,6 @@ async def open_loop_produce(
     stride = key_stride(batch, keys)
     tasks: list[asyncio.Task[None]] = []
     outstanding = asyncio.Semaphore(max_outstanding)
-    call_ms: list[float] = []
     late = 0
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(client(u)) for u in as_urls(url)]
@@ -201,9 +191,7 @@ async def open_loop_produce(
                 messages = [message(i, keys, pad) for i in range(b * batch, (b + 1) * batch)]
                 for m in messages:
                     m["body"]["t"] = now
-                t = time.perf_counter()
                 await clients[b % len(clients)].produce(topic, messages)
-                call_ms.append((time.perf_counter() - t) * 1000)
 
         interval = batch / rate
         t0 = time.perf_counter()
@@ -216,7 +204,7 @@ async def open_loop_produce(
             tasks.append(asyncio.create_task(send(b)))
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
-    return OpenLoopResult(n_batches * batch, elapsed, late, call_ms)
+    return OpenLoopResult(n_batches * batch, elapsed, late)
 
 
 # -- stalls --------------------------------------------------------------------------------------
@@ -248,13 +236,10 @@ class ConsumerStats:
     started: float = field(default_factory=time.perf_counter)
     healthy_delivered: int = 0  # first deliveries of healthy messages
     healthy_done_at: float = 0.0
-    flushed_at: float = 0.0  # when the last puller's final acks were applied
-    stalled_deliveries: int = 0  # every delivery of a held or failed message
     redeliveries: int = 0  # healthy messages delivered again (attempt > 1)
     order_violations: int = 0
     pulls: int = 0
     empty_pulls: int = 0
-    latencies_store_ms: list[float] = field(default_factory=list)
     latencies_send_ms: list[float] = field(default_factory=list)
     last_seq: dict[int, int] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -312,14 +297,10 @@ async def _puller(
                         stats.healthy_delivered += 1
                     else:
                         stats.redeliveries += 1
-                    if record_latency:
-                        stats.latencies_store_ms.append(now_ns / 1e6 - m.produced_at_ms)
-                        if "t" in m.body:
-                            stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
-                elif action in ("fail", "hold"):
-                    stats.stalled_deliveries += 1
-                    if action == "fail":
-                        fails.setdefault((m.topic, m.qid), []).append((m.offset, "stalled"))
+                    if record_latency and "t" in m.body:
+                        stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
+                elif action == "fail":
+                    fails.setdefault((m.topic, m.qid), []).append((m.offset, "stalled"))
             stats.timeline.append((now - stats.started, stats.healthy_delivered))
             results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
             results += [QueueResult(t, q, fails=tuple(f)) for (t, q), f in fails.items()]
@@ -328,7 +309,6 @@ async def _puller(
                 stats.done.set()
         if results:  # the last acks have no next pull to ride on
             await c.ack(group, results)
-            stats.flushed_at = max(stats.flushed_at, time.perf_counter())
 
 
 async def consume(

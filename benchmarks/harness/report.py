@@ -20,35 +20,20 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def machine_facts() -> dict[str, Any]:
-    """Python, CPU, cores, memory, library versions and the 1-minute load at call time."""
-    facts: dict[str, Any] = {
+    """Python, CPU, cores, memory and the 1-minute load at call time."""
+    import psutil
+
+    cpu = [
+        ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")
+    ]
+    return {
         "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "logical_cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": cpu[0].split(":", 1)[1].strip() if cpu else None,
+        "load_average_1m_at_start": load_average(),
     }
-    try:
-        import psutil
-
-        facts["physical_cores"] = psutil.cpu_count(logical=False)
-        facts["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                facts["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    for module in ("uvloop", "httptools", "orjson"):
-        try:
-            facts[module] = __import__(module).__version__
-        except (ImportError, AttributeError):
-            facts[module] = None
-    facts["sqlite"] = __import__("sqlite3").sqlite_version
-    facts["load_average_1m_at_start"] = load_average()
-    return facts
 
 
 def load_average() -> float:
