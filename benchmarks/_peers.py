@@ -1,23 +1,13 @@
 """The client side of :mod:`benchmarks.peers`: one producer or consumer per process, for
-cproxy (plain pullers or the SDK's ``AsyncConsumer``), Redis Streams and NATS JetStream.
+cproxy (its SDK, or plain pullers), Redis Streams and NATS JetStream.
 
 Every child builds its messages (or connects) first, waits at the run's barrier, works until
-the parent sets ``stop`` (or, for producers, until its share is sent), and reports its CPU
-seconds since the barrier. Consumers publish their progress in shared arrays (one slot per
-consumer, written only by that consumer): first deliveries of all messages and of healthy
-ones, and the monotonic time of the latest of each, so the parent sees the exact moment the
-last message arrived without any message passing on the hot path.
-
-Message ``i`` has key ``k{i % keys}`` and the JSON body ``{"k": key index, "s": i // keys,
-"p": padding}`` of ``body_bytes``; producer ``p`` sends the messages with ``i % producers ==
-p`` in order, so each key has one producer and per-key order is the send order. A key is
-*stalled* when its index is a multiple of ``stall_every``. In a stall run, cproxy pullers
-never ack a stalled message (it stays in flight), the SDK handler raises (it is failed on
-every delivery), and a Redis or NATS partition consumer stops at it for good, as an ordered
-consumer of a partition must (it may not skip the message and may not pass it).
-
-The redis and nats clients are imported inside the functions that use them, so this module
-imports without the ``bench`` extra.
+the parent sets ``stop`` (producers: until their share is sent), and reports its CPU seconds
+since the barrier. Consumers publish first deliveries (all, and of healthy keys) and the time
+of the latest in shared arrays, one slot per consumer: nothing crosses processes per message.
+Producer ``p`` sends the messages with ``i % producers == p`` in order, so per-key order is
+the send order. The redis and nats clients are imported where used (no ``bench`` extra
+needed to import this module).
 """
 
 from __future__ import annotations

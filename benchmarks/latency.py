@@ -27,22 +27,21 @@ import contextlib
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from benchmarks.harness.load import (
+    OpenLoopResult,
     client,
     consume,
     create_topic,
     delete_group,
     key_stride,
     make_batches,
-    message,
     open_loop_produce,
-    pad_for,
     produce,
     put_group,
     run_loop,
@@ -80,14 +79,15 @@ async def peak(url: str, admin: AsyncClient, messages: int, tag: str) -> float:
     return messages / seconds
 
 
-def _point(rate: float, sent: int, seconds: float, late: int, delivered: int,
-           latencies: list[float], p: Probe) -> dict[str, Any]:  # fmt: skip
+def _point(
+    rate: float, sent: OpenLoopResult, delivered: int, latencies: list[float], p: Probe
+) -> dict[str, Any]:
     return {
         "target_rate": round(rate),
-        "achieved_rate": round(sent / seconds),
-        "messages": sent,
+        "achieved_rate": round(sent.messages / sent.seconds),
+        "messages": sent.messages,
         "delivered": delivered,
-        "late_batches": late,
+        "late_batches": sent.late_batches,
         "send_to_delivery_ms": percentiles(latencies, 2),
         "server_cpu_us_per_msg": round(p.server_cpu / max(delivered, 1) * 1e6, 1),
         "load_1m": load_average(),
@@ -113,31 +113,7 @@ async def http_run(
         stats = await consumer
     if admin is not None:
         await delete_group(admin, topic)
-    return _point(rate, sent.messages, sent.seconds, sent.late_batches,
-                  stats.healthy_delivered, stats.latencies_send_ms, p)  # fmt: skip
-
-
-async def open_loop(
-    send: Callable[[list[tuple[int, bytes]]], Awaitable[None]], rate: float, seconds: float
-) -> tuple[int, float, int]:
-    """``open_loop_produce`` for another client: (messages, seconds, late batches)."""
-    pad, n_batches, late = pad_for(BODY_BYTES), max(1, round(seconds * rate / BATCH)), 0
-    tasks, interval, t0 = [], BATCH / rate, time.perf_counter()
-    for b in range(n_batches):
-        delay = t0 + b * interval - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        elif delay < -interval:
-            late += 1
-        now = time.time_ns()
-        batch = []
-        for i in range(b * BATCH, (b + 1) * BATCH):
-            m = message(i, KEYS, pad)
-            m["body"]["t"] = now
-            batch.append((i % KEYS, orjson.dumps(m["body"])))
-        tasks.append(asyncio.create_task(send(batch)))
-    await asyncio.gather(*tasks)
-    return n_batches * BATCH, time.perf_counter() - t0, late
+    return _point(rate, sent, stats.healthy_delivered, stats.latencies_send_ms, p)
 
 
 async def redis_run(
@@ -170,27 +146,25 @@ async def redis_run(
             if len(latencies) >= expected:
                 done.set()
 
-    outstanding = asyncio.Semaphore(56)  # as open_loop_produce's 64, within the pool's 64
-
-    async def send(batch: list[tuple[int, bytes]]) -> None:
-        async with outstanding:
-            pipe = r.pipeline(transaction=False)
-            for k, body in batch:
-                stream = streams[queue_for_key(f"k{k}", QUEUES)]
-                pipe.xadd(stream, {"key": f"k{k}", "body": body})
-            await pipe.execute()
+    async def send(batch: list[dict[str, Any]]) -> None:
+        pipe = r.pipeline(transaction=False)
+        for m in batch:
+            stream = streams[queue_for_key(m["key"], QUEUES)]
+            pipe.xadd(stream, {"key": m["key"], "body": orjson.dumps(m["body"])})
+        await pipe.execute()
 
     async with r:
         with Probe(pid) as p:
             pullers = [asyncio.create_task(puller(streams[i::PULLERS])) for i in range(PULLERS)]
             await asyncio.sleep(0.5)
-            sent, sent_s, late = await open_loop(send, rate, seconds)
+            # At most 56 calls outstanding: with the pullers', within the pool's 64 connections.
+            sent = await open_loop_produce([], "", rate, BATCH, seconds, KEYS, BODY_BYTES, 56, send)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), seconds * 2 + 30)
             done.set()
             await asyncio.gather(*pullers)
         await r.delete(*streams)
-    return _point(rate, sent, sent_s, late, len(latencies), latencies, p)
+    return _point(rate, sent, len(latencies), latencies, p)
 
 
 async def run(args: Any, servers: dict[str, tuple[str, int]], admin: AsyncClient) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -170,10 +170,11 @@ async def open_loop_produce(
     keys: int,
     body_bytes: int = 100,
     max_outstanding: int = 64,
+    other: Callable[[Batch], Awaitable[None]] | None = None,
 ) -> OpenLoopResult:
     """Send ``rate`` msgs/s in batches of ``batch`` for ``seconds``, never waiting on replies
     (beyond per-key order and ``max_outstanding`` calls); bodies carry the send time. Several
-    URLs: batch ``b`` goes to ``urls[b % len(urls)]``."""
+    URLs: batch ``b`` goes to ``urls[b % len(urls)]``; ``other``: another system's client."""
     pad = pad_for(body_bytes)
     n_batches = max(1, round(seconds * rate / batch))
     stride = key_stride(batch, keys)
@@ -191,7 +192,10 @@ async def open_loop_produce(
                 messages = [message(i, keys, pad) for i in range(b * batch, (b + 1) * batch)]
                 for m in messages:
                     m["body"]["t"] = now
-                await clients[b % len(clients)].produce(topic, messages)
+                if other is not None:
+                    await other(messages)
+                else:
+                    await clients[b % len(clients)].produce(topic, messages)
 
         interval = batch / rate
         t0 = time.perf_counter()
