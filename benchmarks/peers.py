@@ -37,7 +37,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,42 +64,28 @@ from benchmarks.harness.report import (
     progress,
     table,
 )
-from benchmarks.harness.server import (
-    ServerProcess,
-    Source,
-    missing,
-    peer_process,
-    this_tree,
-)
+from benchmarks.harness.server import ServerProcess, missing, peer_process, this_tree
 from consumer_sdk import Client
 
 #: A run that has not finished after this long is stopped (and reported as such).
 HARD_LIMIT_S = 300.0
 
 
-@dataclass(frozen=True)
-class System:
-    """One contender: ``kind`` is what the clients speak; ``source`` the cproxy tree."""
-
-    name: str
-    kind: str  # redis | nats | cproxy-pull | cproxy-sdk
-    source: Source | None = None
-
-
 @contextlib.contextmanager
-def fresh_server(system: System, wl: Workload, root: Path, name: str) -> Iterator[tuple[str, int]]:
-    """A fresh server for one run, set up for the workload: (address, pid)."""
+def fresh_server(system: str, wl: Workload, root: Path, name: str) -> Iterator[tuple[str, int]]:
+    """A fresh server for one run (``system``: cproxy-sdk, cproxy-pull, redis or nats), set up
+    for the workload: (address, pid)."""
     data = root / name
-    if system.kind in ("redis", "nats"):
-        with peer_process(system.kind, data) as (address, pid):
-            if system.kind == "redis":
+    if system in ("redis", "nats"):
+        with peer_process(system, data) as (address, pid):
+            if system == "redis":
                 setup_redis(address, wl)
             else:
                 asyncio.run(setup_nats(address, wl))
             yield address, pid
     else:
         data.mkdir(parents=True)
-        server = ServerProcess(data, source=system.source)
+        server = ServerProcess(data)
         try:
             server.start()
             with Client(server.url) as c:
@@ -123,7 +109,7 @@ def settle(data: Path) -> None:
 
 
 def run_once(
-    system: System, wl: Workload, stall: bool, window_s: float, root: Path, name: str
+    system: str, wl: Workload, stall: bool, window_s: float, root: Path, name: str
 ) -> dict[str, Any]:
     """One run; the clock starts when all 8 client processes are connected and released."""
     ctx = multiprocessing.get_context("spawn")
@@ -141,7 +127,7 @@ def run_once(
     with fresh_server(system, wl, root, name) as (address, pid):
         roles = [("producer", i) for i in range(wl.producers)]
         roles += [("consumer", i) for i in range(wl.consumers)]
-        specs = [ChildSpec(system.kind, role, i, address, wl, stall) for role, i in roles]
+        specs = [ChildSpec(system, role, i, address, wl, stall) for role, i in roles]
         procs = [ctx.Process(target=child_main, args=(s, shared), daemon=True) for s in specs]
         for p in procs:
             p.start()
@@ -156,7 +142,7 @@ def run_once(
                 if not stall and sum(shared.all_count) >= wl.messages:
                     break
                 if any(p.exitcode not in (None, 0) for p in procs):
-                    raise RuntimeError(f"{system.name}: a client process failed")
+                    raise RuntimeError(f"{system}: a client process failed")
                 time.sleep(0.005)
             ended = time.monotonic()
             server_cpu = cpu_seconds(server) - cpu0
@@ -174,7 +160,7 @@ def run_once(
     healthy_done = healthy >= healthy_total
     healthy_s = (max(shared.healthy_at) if healthy_done else ended) - t0
     out: dict[str, Any] = {
-        "system": system.name,
+        "system": system,
         "stall": stall,
         "delivered": everything,
         "healthy_delivered": healthy,
@@ -186,7 +172,7 @@ def run_once(
     }
     if not stall:
         if everything < wl.messages:
-            raise RuntimeError(f"{system.name}: {everything} of {wl.messages} delivered")
+            raise RuntimeError(f"{system}: {everything} of {wl.messages} delivered")
         elapsed = max(shared.all_at) - t0
         out |= {
             "seconds": elapsed,
@@ -209,21 +195,21 @@ def describe(r: dict[str, Any]) -> str:
     )
 
 
-def run_rounds(systems: list[System], wl: Workload, rounds: int) -> dict[str, list[dict[str, Any]]]:
+def run_rounds(systems: list[str], wl: Workload, rounds: int) -> dict[str, list[dict[str, Any]]]:
     """Per round and system: the no-stall and the stall run (window: 2 x the no-stall time),
     in alternating order."""
-    out: dict[str, list[dict[str, Any]]] = {s.name: [] for s in systems}
+    out: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
     root = Path(tempfile.mkdtemp(prefix="cproxy-peers-"))
     try:
         plain_s: dict[str, float] = {}  # system -> its latest no-stall run's seconds
 
-        def one(system: System, rnd: int, stall: bool) -> dict[str, Any]:
-            tag = f"{system.name.replace(' ', '_')}-r{rnd}-{'stall' if stall else 'plain'}"
-            window = 2 * plain_s[system.name] if stall else HARD_LIMIT_S
+        def one(system: str, rnd: int, stall: bool) -> dict[str, Any]:
+            tag = f"{system}-r{rnd}-{'stall' if stall else 'plain'}"
+            window = 2 * plain_s[system] if stall else HARD_LIMIT_S
             r = run_once(system, wl, stall, window, root, tag)
             if not stall:
-                plain_s[system.name] = r["seconds"]
-            progress(f"round {rnd + 1} {system.name:20s} {describe(r)}")
+                plain_s[system] = r["seconds"]
+            progress(f"round {rnd + 1} {system:12s} {describe(r)}")
             return r
 
         for rnd in range(rounds):
@@ -232,11 +218,11 @@ def run_rounds(systems: list[System], wl: Workload, rounds: int) -> dict[str, li
                 # Odd rounds run the stall case first, so that neither case always comes
                 # second (after the other run's load); its window is then 2 x the previous
                 # round's no-stall time.
-                stall_first = rnd % 2 == 1 and system.name in plain_s
+                stall_first = rnd % 2 == 1 and system in plain_s
                 first = one(system, rnd, stall_first)
                 second = one(system, rnd, not stall_first)
                 plain, stalled = (second, first) if stall_first else (first, second)
-                out[system.name].append({"round": rnd, "plain": plain, "stall": stalled})
+                out[system].append({"round": rnd, "plain": plain, "stall": stalled})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return out
@@ -309,18 +295,15 @@ def main() -> None:
     wl = replace(wl, messages=args.messages or (20_000 if args.quick else wl.messages))
     facts = machine_facts()
     skipped: dict[str, str] = {}
-    systems: list[System] = []
+    systems: list[str] = []
     for kind in args.systems.split(","):
-        if kind.startswith("cproxy"):
-            systems.append(System(kind, kind, this_tree()))
-        elif (why := missing(kind)) is not None:
+        if not kind.startswith("cproxy") and (why := missing(kind)) is not None:
             skipped[kind] = why
             progress(f"skipping {kind}: {why}")
         else:
-            systems.append(System(kind, kind))
+            systems.append(kind)
     results = run_rounds(systems, wl, args.rounds)
-    names = [s.name for s in systems]
-    rows = summarise(results, "redis" if "redis" in names else names[0])
+    rows = summarise(results, "redis" if "redis" in systems else systems[0])
     out = {"machine": facts, "commit": this_tree().commit, "workload": asdict(wl),
            "rounds": args.rounds, "skipped": skipped, "summary": rows, "runs": results}  # fmt: skip
     finish(out, args, "peers", report(rows, wl, args, skipped))

@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cproxy import _native
+
 #: The repository this harness belongs to (the tree the load generator always comes from).
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,6 +35,8 @@ def machine_facts() -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "cpu": cpu[0].split(":", 1)[1].strip() if cpu else None,
         "load_average_1m_at_start": load_average(),
+        # What this tree's server runs: "compiled" once built (setup.py build_ext --inplace).
+        "hot_path": _native.status(),
     }
 
 
@@ -131,7 +135,8 @@ def finish(out: dict[str, Any], args: argparse.Namespace, script: str, text: str
     facts = out.get("machine", {})
     print(
         f"\n(`{out['command']}`: load {facts.get('load_average_1m_at_start')} -> "
-        f"{out['load_1m_at_end']}, {facts.get('cpu')}, {facts.get('logical_cores')} cores)"
+        f"{out['load_1m_at_end']}, {facts.get('cpu')}, {facts.get('logical_cores')} cores, "
+        f"hot path {facts.get('hot_path')})"
     )
     if getattr(args, "json", None) is not None:
         args.json.write_text(json.dumps(out, indent=2, default=str))
