@@ -20,46 +20,122 @@ msgs/s and msgs per server CPU-second (the figure the team's A/B checks read).
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.harness.ab import Side, ab_report, rounds, sides
-from benchmarks.harness.cells import AB_METRICS, Cell, describe, run_cell
-from benchmarks.harness.load import run_loop
-from benchmarks.harness.report import arg_parser, finish, machine_facts, median, pct, table
+from benchmarks.harness.load import (
+    consume,
+    create_topic,
+    delete_group,
+    key_stride,
+    make_batches,
+    produce,
+    put_group,
+    run_loop,
+)
+from benchmarks.harness.probe import Probe
+from benchmarks.harness.report import (
+    arg_parser,
+    finish,
+    load_average,
+    machine_facts,
+    median,
+    pct,
+    table,
+)
 from benchmarks.harness.server import servers
 from benchmarks.latency import FRACTIONS, http_run, peak, point_table
 
+QUEUES = 8
+BODY_BYTES = 100
+PRODUCERS = 4
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A fresh topic and group (``order_by: key``) that 4 closed-loop producers fill while N
+    pullers drain it; ``batch`` is both the produce batch and the pull ``max_messages``."""
+
+    sweep: str
+    keys: int
+    batch: int
+    pullers: int
+    queues: int = QUEUES
+    body_bytes: int = BODY_BYTES
+    messages: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"k{self.keys}-b{self.batch}-p{self.pullers}"
+
+
+async def run_cell(side: Side, cell: Cell, tag: str) -> dict[str, Any]:
+    """One measurement of ``cell`` against ``side``'s server; the group is deleted after."""
+    topic, group = f"m-{cell.name}-{tag}", f"m-{cell.name}-{tag}-g"
+    n = cell.messages
+    await create_topic(side.admin, topic, cell.queues)
+    await put_group(side.admin, group, topic, "key")
+    batches = make_batches(n, cell.batch, cell.keys, cell.body_bytes)
+    try:
+        with Probe(side.pid) as p:
+            t0 = time.perf_counter()
+            consumer = asyncio.create_task(
+                consume(side.url, group, n, cell.pullers, cell.batch, wait_ms=1000)
+            )
+            produce_s = await produce(
+                side.url, topic, batches, PRODUCERS, key_stride(cell.batch, cell.keys)
+            )
+            stats = await consumer
+            elapsed = stats.done_at - t0
+    finally:
+        await delete_group(side.admin, group)
+    return {
+        "cell": asdict(cell),
+        "messages": n,
+        "seconds": round(elapsed, 3),
+        "msgs_per_s": round(n / elapsed),
+        "mb_per_s": round(n * cell.body_bytes / elapsed / 1e6, 2),
+        "produce_only_msgs_per_s": round(n / produce_s),
+        "server_cpu_us_per_msg": round(p.server_cpu / n * 1e6, 1),
+        "msgs_per_server_cpu_s": round(n / max(p.server_cpu, 1e-9)),
+        # Over the measured span: the pullers' last long polls after it cost ~no CPU.
+        "server_core_share": round(p.server_cpu / elapsed, 2),
+        "client_core_share": round(p.client_cpu / elapsed, 2),
+        "pulls": stats.pulls,
+        "empty_pulls": stats.empty_pulls,
+        "order_violations": stats.order_violations,
+        "load_1m": load_average(),
+    }
+
+
+def describe(r: dict[str, Any]) -> str:
+    """One progress line for a cell result."""
+    return (
+        f"{r['msgs_per_s']:7,} msgs/s {r['mb_per_s']:6.1f} MB/s "
+        f"{r['server_cpu_us_per_msg']:6.1f} µs/msg server ({r['server_core_share']:.0%} core) "
+        f"load {r['load_1m']}"
+    )
+
+
+AB_METRICS = (("e2e msgs/s", "msgs_per_s"), ("msgs per server CPU-s", "msgs_per_server_cpu_s"))
+
 
 def cells(quick: bool, messages: int, sweeps: str | None = None) -> list[Cell]:
-    """The cells; a quarter of the messages at batch 10 (slow), and in the full mode at
-    least one message per key. ``sweeps`` (comma-separated: base, keys, batch, pullers)
-    keeps only those sweeps' cells."""
-    every = _cells(quick, messages)
-    if sweeps is None:
-        return every
-    wanted = set(sweeps.split(","))
-    return [c for c in every if c.sweep in wanted]
-
-
-def _cells(quick: bool, messages: int) -> list[Cell]:
+    """The cells (a quarter of the messages at batch 10, and in the full mode at least one
+    message per key); ``sweeps`` (comma-separated: base, keys, batch, pullers) keeps those."""
 
     def cell(sweep: str, keys: int, batch: int, pullers: int) -> Cell:
         n = messages if batch >= 100 else messages // 4
         return Cell(sweep, keys, batch, pullers, messages=n if quick else max(n, keys))
 
-    if quick:
-        return [
-            cell("base", 10_000, 100, 4),
-            cell("keys", 100_000, 100, 4),
-            cell("batch", 10_000, 10, 4),
-            cell("batch", 10_000, 500, 4),
-            cell("pullers", 10_000, 100, 1),
-            cell("pullers", 10_000, 100, 16),
-        ]
-    out = [cell("base", 10_000, 100, 4)]
-    out += [cell("keys", k, 100, 4) for k in (1_000, 100_000)]
-    out += [cell("batch", 10_000, b, 4) for b in (10, 500)]
-    return out + [cell("pullers", 10_000, 100, p) for p in (1, 2, 8, 16)]
+    every = [cell("base", 10_000, 100, 4)]
+    every += [cell("keys", k, 100, 4) for k in ((100_000,) if quick else (1_000, 100_000))]
+    every += [cell("batch", 10_000, b, 4) for b in (10, 500)]
+    every += [cell("pullers", 10_000, 100, p) for p in ((1, 16) if quick else (1, 2, 8, 16))]
+    return [c for c in every if sweeps is None or c.sweep in sweeps.split(",")]
 
 
 async def latency_runs(side: Side, args: Any) -> dict[str, Any]:

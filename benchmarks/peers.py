@@ -22,7 +22,6 @@ Each system runs without and with 1 % stalled keys (every key index divisible by
 
 Rounds are interleaved (rotating order; stall first in odd rounds; each run's data deleted
 and synced before the next); medians, and medians of per-round ratios to Redis.
-
     python -m benchmarks.peers --quick          # 20k messages, 1 round
     python -m benchmarks.peers --rounds 5 --json peers.json
 """
@@ -64,7 +63,7 @@ from benchmarks.harness.report import (
     progress,
     table,
 )
-from benchmarks.harness.server import ServerProcess, missing, peer_process, this_tree
+from benchmarks.harness.server import missing, peer_process, running, this_tree
 from consumer_sdk import Client
 
 #: A run that has not finished after this long is stopped (and reported as such).
@@ -84,20 +83,10 @@ def fresh_server(system: str, wl: Workload, root: Path, name: str) -> Iterator[t
                 asyncio.run(setup_nats(address, wl))
             yield address, pid
     else:
-        data.mkdir(parents=True)
-        server = ServerProcess(data)
-        try:
-            server.start()
-            with Client(server.url) as c:
-                c.create_topic(TOPIC, wl.partitions)
-                config = {"topics": {TOPIC: {"order_by": "key"}}, **STALL_GROUP_CONFIG}
-                c.put_group(GROUP, config)
+        with running(root, name) as server, Client(server.url) as c:
+            c.create_topic(TOPIC, wl.partitions)
+            c.put_group(GROUP, {"topics": {TOPIC: {"order_by": "key"}}, **STALL_GROUP_CONFIG})
             yield server.url, server.pid
-        except BaseException:
-            progress(server.log())
-            raise
-        finally:
-            server.stop()
 
 
 def settle(data: Path) -> None:

@@ -21,14 +21,13 @@ import importlib.util
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import consumer_sdk.client as client_module
-from benchmarks.harness.report import arg_parser, finish, machine_facts, median, progress, table
+from benchmarks.harness.report import arg_parser, finish, interleaved, machine_facts, median, table
 from benchmarks.harness.server import servers
 from consumer_sdk import AsyncConsumer, AsyncProducer, Message
 
@@ -110,42 +109,25 @@ def main() -> None:
     n = args.messages or (5_000 if args.quick else 20_000)
     rounds = 3 if args.quick else args.rounds
     old = old_pool(args.old_ref)
-    kinds = ["old", "new"]
-    cpu: dict[tuple[str, str], list[float]] = defaultdict(list)
     facts = machine_facts()
-    with contextlib.ExitStack() as stack:
-        (server,) = stack.enter_context(servers("cproxy-transport-", None))
-        for rnd in range(rounds):
-            for kind in kinds[rnd % 2 :] + kinds[: rnd % 2]:
-                topic = f"{kind}-{rnd}"
-                with sender(kind, old):
-                    p = asyncio.run(produce(server.url, topic, n, args.batch))
-                    c = asyncio.run(consume(server.url, topic, f"g-{topic}", n))
-                cpu[(kind, "produce")].append(p / n * 1e6)
-                cpu[(kind, "consume")].append(c / n * 1e6)
-                cpu[(kind, "both")].append((p + c) / n * 1e6)
-                progress(f"round {rnd + 1} {kind:7s} produce {p / n * 1e6:6.1f} µs/msg "
-                         f"consume {c / n * 1e6:6.1f} µs/msg")  # fmt: skip
+
+    def one(kind: str, rnd: int) -> dict[str, float]:
+        topic = f"{kind}-{rnd}"
+        with sender(kind, old):
+            p = asyncio.run(produce(server.url, topic, n, args.batch))
+            c = asyncio.run(consume(server.url, topic, f"g-{topic}", n))
+        return {"produce": p / n * 1e6, "consume": c / n * 1e6, "both": (p + c) / n * 1e6}
+
+    with servers("cproxy-transport-") as (server,):
+        cpu = interleaved(["old", "new"], rounds, one)
     rows: list[dict[str, Any]] = []
     for part in ("produce", "consume", "both"):
-        ratios = [a / b for a, b in zip(cpu[("new", part)], cpu[("old", part)], strict=True)]
-        rows.append(
-            {
-                "part": part,
-                "old": median(cpu[("old", part)]),
-                "new": median(cpu[("new", part)]),
-                "ratio": median(ratios),
-            }
-        )
+        old_us, new_us = ([r[part] for r in cpu[k]] for k in ("old", "new"))
+        ratios = [a / b for a, b in zip(new_us, old_us, strict=True)]
+        rows.append({"part": part, "old": median(old_us), "new": median(new_us),
+                     "ratio": median(ratios)})  # fmt: skip
     new_name = "this tree's pool"
-    out = {
-        "machine": facts,
-        "new": new_name,
-        "messages": n,
-        "batch": args.batch,
-        "rounds": rounds,
-        "results": rows,
-    }
+    out = {"machine": facts, "messages": n, "batch": args.batch, "rounds": rounds, "results": rows}
     text = table(
         [
             ("client CPU per message", lambda r: r["part"]),

@@ -1,6 +1,6 @@
 """Spark sink: the ordered write's rows/s against Spark's own limits, in the same rounds.
 
-On ``local[2]`` against a real ``cproxy serve`` (started here unless ``--url`` is given), per
+On ``local[2]`` against a real ``cproxy serve`` (a subprocess, SQLite store), per
 size (default 200k rows over 10k keys, ~170-byte messages), session start-up and a warm-up
 write excluded; each run in rotating order per round, medians and each rate's ratio to
 Parquet's in the same round:
@@ -19,7 +19,6 @@ Needs pyspark, pyarrow, pandas and Java 17.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -154,7 +153,6 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
-    parser.add_argument("--url", default=None, help="use this server instead of starting one")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
     sizes = [int(s) for s in (args.sizes or ("50000" if args.quick else "200000")).split(",")]
@@ -176,8 +174,8 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix="cproxy-spark-parquet-"))
     try:
-        with contextlib.ExitStack() as stack:
-            url = args.url or stack.enter_context(servers("cproxy-spark-", None))[0].url
+        with servers("cproxy-spark-") as (server,):
+            url = server.url
             # Warm up the JVM, the Python workers and both write paths (not measured).
             warm = dataset(spark, 10_000, 100)
             write_with_options(warm, new_options(url), service_checked=True)

@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SMALL = {
     "peers": ["--messages", "2000"],
     "latency": ["--seconds", "0.5", "--peak-cap", "4000"],
-    "isolation": ["--messages", "2000", "--time-limit", "2"],
     "memory": ["--messages", "3000"],
     "longpoll": ["--pullers", "50", "--idle-s", "0.5", "--trickle-s", "0.5", "--rate", "20"],
     "push": ["--messages", "1000"],

@@ -1,10 +1,7 @@
 """The floor: a bare uvicorn ASGI app with an in-memory FIFO, answering the three hot calls of
-cproxy's API (produce, pull with a long poll, ack) in its wire format, so the same Python
-clients (``consumer_sdk.AsyncClient``) drive it unchanged. Nothing is stored, ordered or
-tracked: what a message costs here is the HTTP and JSON work of those clients and of uvicorn,
-the least any Python HTTP service could take on this machine.
-
-    python -m uvicorn benchmarks.harness.floor:app --port 9800 --loop uvloop --http httptools
+cproxy's API (produce, pull with a long poll, ack) in its wire format, so that the same Python
+clients drive it. Nothing is stored, ordered or tracked: what a message costs here is the
+HTTP and JSON work of those clients and of uvicorn, the least a Python HTTP service takes.
 """
 
 from __future__ import annotations

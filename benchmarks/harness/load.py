@@ -6,8 +6,7 @@ per key, so a puller can check per-key order.
 
 - :func:`produce`: closed loop, several producers, per-key order kept across them;
 - :func:`open_loop_produce`: a fixed rate that never waits on replies (for latency);
-- :func:`consume`: pullers with a per-key policy (ack, fail, or hold = never ack) that count
-  healthy and stalled deliveries apart; acks ride on the next pull.
+- :func:`consume`: pullers that check per-key order; acks ride on the next pull.
 """
 
 from __future__ import annotations
@@ -18,12 +17,11 @@ import gc
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from consumer_sdk import AsyncClient, QueueResult, ResourceNotFound
 
 T = TypeVar("T")
-Action = Literal["ack", "ack_other", "fail", "hold"]
 Batch = list[dict[str, Any]]
 #: Per call; generous, since a loaded 2-core machine can take seconds per call.
 TIMEOUT_MS = 120_000
@@ -212,8 +210,6 @@ async def open_loop_produce(
 
 
 # -- stalls --------------------------------------------------------------------------------------
-ORDERS = ("key", "qid")
-STALLS = ("none", "never-ack", "always-fail")
 #: Stall runs: nothing times out during a run, failures retry for the whole run.
 STALL_GROUP_CONFIG: dict[str, Any] = {
     "ack_timeout_ms": 600_000,
@@ -223,57 +219,26 @@ STALL_GROUP_CONFIG: dict[str, Any] = {
 }
 
 
-def policy_for(stall: str, every: int) -> Callable[[int], Action]:
-    """Key index -> action: keys with ``k % every == 0`` stall as ``stall`` says (under
-    ``none`` they are acked but not counted, so every run counts the same healthy set)."""
-    actions: dict[str, Action] = {"none": "ack_other", "never-ack": "hold", "always-fail": "fail"}
-    bad = actions[stall]
-    return lambda k: bad if k % every == 0 else "ack"
-
-
 # -- consuming -----------------------------------------------------------------------------------
 @dataclass
 class ConsumerStats:
-    """What a set of pullers saw. *Healthy* = messages whose key the policy acks."""
+    """What a set of pullers saw."""
 
-    healthy_total: int
+    total: int
     started: float = field(default_factory=time.perf_counter)
-    healthy_delivered: int = 0  # first deliveries of healthy messages
-    healthy_done_at: float = 0.0
-    redeliveries: int = 0  # healthy messages delivered again (attempt > 1)
+    delivered: int = 0  # first deliveries
+    done_at: float = 0.0
+    redeliveries: int = 0  # messages delivered again (attempt > 1)
     order_violations: int = 0
     pulls: int = 0
     empty_pulls: int = 0
     latencies_send_ms: list[float] = field(default_factory=list)
     last_seq: dict[int, int] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    #: healthy first deliveries over time: (seconds since start, cumulative count)
-    timeline: list[tuple[float, int]] = field(default_factory=list)
-
-    @property
-    def healthy_seconds(self) -> float:
-        return (self.healthy_done_at or time.perf_counter()) - self.started
-
-    def delivered_by(self, t: float) -> int:
-        """Healthy first deliveries made by ``t`` seconds after the start."""
-        count = 0
-        for at, cumulative in self.timeline:
-            if at > t:
-                break
-            count = cumulative
-        return count
 
 
-async def _puller(
-    url: str,
-    group: str,
-    stats: ConsumerStats,
-    policy: Callable[[int], Action] | None,
-    max_messages: int,
-    wait_ms: int,
-    record_latency: bool,
-    stop: asyncio.Event,
-) -> None:
+async def _puller(url: str, group: str, stats: ConsumerStats, max_messages: int, wait_ms: int,
+                  record_latency: bool, stop: asyncio.Event) -> None:  # fmt: skip
     results: list[QueueResult] = []
     async with client(url) as c:
         while not stop.is_set():
@@ -282,34 +247,22 @@ async def _puller(
             )
             now, now_ns = time.perf_counter(), time.time_ns()
             stats.pulls += 1
-            results = []
-            if not pulled.messages:
-                stats.empty_pulls += 1
-                continue
+            stats.empty_pulls += not pulled.messages
             acks: dict[tuple[str, int], list[int]] = {}
-            fails: dict[tuple[str, int], list[tuple[int, str | None]]] = {}
             for m in pulled.messages:
                 k, seq = m.body["k"], m.body["s"]
-                if stats.last_seq.get(k, -1) > seq:
-                    stats.order_violations += 1
+                stats.order_violations += stats.last_seq.get(k, -1) > seq
                 stats.last_seq[k] = seq
-                action: Action = "ack" if policy is None else policy(k)
-                if action == "ack" or action == "ack_other":
-                    acks.setdefault((m.topic, m.qid), []).append(m.offset)
-                if action == "ack":
-                    if m.attempt == 1:
-                        stats.healthy_delivered += 1
-                    else:
-                        stats.redeliveries += 1
-                    if record_latency and "t" in m.body:
-                        stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
-                elif action == "fail":
-                    fails.setdefault((m.topic, m.qid), []).append((m.offset, "stalled"))
-            stats.timeline.append((now - stats.started, stats.healthy_delivered))
+                acks.setdefault((m.topic, m.qid), []).append(m.offset)
+                if m.attempt > 1:
+                    stats.redeliveries += 1
+                    continue
+                stats.delivered += 1
+                if record_latency and "t" in m.body:
+                    stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
             results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
-            results += [QueueResult(t, q, fails=tuple(f)) for (t, q), f in fails.items()]
-            if stats.healthy_delivered >= stats.healthy_total and not stats.done.is_set():
-                stats.healthy_done_at = now
+            if stats.delivered >= stats.total and not stats.done.is_set():
+                stats.done_at = now
                 stats.done.set()
         if results:  # the last acks have no next pull to ride on
             await c.ack(group, results)
@@ -318,27 +271,21 @@ async def _puller(
 async def consume(
     url: str | Sequence[str],
     group: str,
-    healthy_total: int,
+    total: int,
     pullers: int,
     max_messages: int,
     *,
     wait_ms: int = 1000,
-    policy: Callable[[int], Action] | None = None,
     time_limit_s: float | None = None,
     record_latency: bool = False,
 ) -> ConsumerStats:
-    """Pull until ``healthy_total`` healthy messages were delivered once (or the time limit),
-    then stop the pullers and flush their last acks.
-
-    ``policy(key index)`` decides per delivery: ``ack`` (healthy, counted), ``ack_other``
-    (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
-    flight). No policy acks everything. Several URLs (proxies of one cluster): puller ``i``
-    pulls from ``urls[i % len(urls)]``.
-    """
+    """Pull (acking on the next pull) until ``total`` messages were delivered once (or the
+    time limit), then stop the pullers and send their last acks. Several URLs (proxies of one
+    cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
     urls = as_urls(url)
-    stats = ConsumerStats(healthy_total)
+    stats = ConsumerStats(total)
     stop = asyncio.Event()
-    args = (group, stats, policy, max_messages, wait_ms, record_latency, stop)
+    args = (group, stats, max_messages, wait_ms, record_latency, stop)
     tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
     stats.started = time.perf_counter()
     waiter = asyncio.create_task(stats.done.wait())

@@ -13,10 +13,11 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from cproxy import _native
 
+T = TypeVar("T")
 #: The repository this harness belongs to (the tree the load generator always comes from).
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,6 +126,19 @@ def pct(value: float) -> str:
 def progress(text: str) -> None:
     """One progress line on stderr (stdout carries only the markdown report)."""
     print(text, file=sys.stderr, flush=True)
+
+
+def interleaved(
+    names: Sequence[str], rounds: int, run: Callable[[str, int], T]
+) -> dict[str, list[T]]:
+    """``run(name, round)`` for every name once per round, the order rotating from round to
+    round, so that a drift in the machine's load hits every name alike."""
+    out: dict[str, list[T]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in [*names[rnd % len(names) :], *names[: rnd % len(names)]]:
+            out[name].append(run(name, rnd))
+            progress(f"round {rnd + 1} {name:16s} {out[name][-1]}")
+    return out
 
 
 def finish(out: dict[str, Any], args: argparse.Namespace, script: str, text: str) -> None:

@@ -162,14 +162,8 @@ class ServerProcess:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            _stop(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
@@ -266,7 +260,13 @@ def peer_process(kind: str, data: Path) -> Iterator[tuple[str, int]]:
         _wait_port(port, proc)
         yield address, proc.pid
     finally:
-        proc.terminate()
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a cproxy cluster member hands its queues over), SIGKILL after 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(20)
         except subprocess.TimeoutExpired:
