@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.harness.report import REPO, git_commit
 from consumer_sdk import NO_RETRY, Client, ClientError
+from cproxy import _native
 from cproxy._native import PURE_ENV
 
 #: What each peer needs here: (server binary, Python client module).
@@ -51,7 +52,8 @@ PURE_REF = ":pure"
 
 
 def this_tree(label: str = "A") -> Source:
-    return Source(label, REPO, git_commit(REPO))
+    compiled = _native.status() == "compiled"
+    return Source(label, REPO, git_commit(REPO) + ("" if compiled else " (from source)"))
 
 
 def this_tree_pure(label: str = "B") -> Source:
@@ -70,19 +72,20 @@ def tree_at(ref: str, label: str = "B") -> Iterator[Source]:
         check=True,
     )
     try:
-        build_native(tree)
-        yield Source(label, tree, git_commit(REPO, ref))
+        compiled = build_native(tree)
+        yield Source(label, tree, git_commit(REPO, ref) + ("" if compiled else " (from source)"))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_native(tree: Path) -> None:
+def build_native(tree: Path) -> bool:
     """Compile ``tree``'s hot path in place when it has one (``cproxy/_native.py``), as
     installing that tree would: a ref run from source would be measured ~2x slower than it
-    is. Falls back to source as its install would, with a warning on stderr."""
+    is. Falls back to source as its install would, with a warning on stderr (the report
+    names such a side "from source"). Needs setuptools >= 77 (the project's build-system)."""
     if not (tree / "cproxy" / "_native.py").exists():
-        return
+        return False
     print(f"compiling the hot path of {tree} (about a minute)", file=sys.stderr)
     done = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
@@ -95,6 +98,7 @@ def build_native(tree: Path) -> None:
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         print(f"warning: compiling {tree} failed ({tail[0]}); it runs from source", file=sys.stderr)
+    return done.returncode == 0
 
 
 class ServerProcess:
