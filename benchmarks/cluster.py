@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.deploy import Deployment, as_dict, deployed
+from benchmarks.harness.deploy import Deployment, deployed
 from benchmarks.harness.handover import handover_run
 from benchmarks.harness.load import (
     client,
@@ -110,8 +110,8 @@ async def latency(d: Deployment, rate: int, seconds: float) -> dict[str, Any]:
 
 
 async def run(args: Any, deployments: list[Deployment]) -> dict[str, Any]:
-    out: dict[str, Any] = {"machine": machine_facts(), "deployments": []}
-    out["deployments"] = [as_dict(d) for d in deployments]
+    shapes = [(d.name, len(d.proxies), d.pg is not None) for d in deployments]
+    out: dict[str, Any] = {"machine": machine_facts(), "deployments": shapes}
     n = 10_000 if args.quick else 30_000
     runs: dict[str, list[dict[str, Any]]] = {d.name: [] for d in deployments}
     for rnd in range(args.repeat if "throughput" in args.phases else 0):

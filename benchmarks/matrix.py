@@ -195,19 +195,11 @@ def report(out: dict[str, Any], args: Any) -> str:
     )
     text = [f"## End-to-end matrix (A = commit {commits['A']}, {args.repeat} rounds, medians)", ""]
     if "B" in commits:
-        text += [
-            "### A/B",
-            "",
-            ab_report(out["cells"], [c.name for c in the_cells], AB_METRICS, commits),
-            "",
-        ]
+        names = [c.name for c in the_cells]
+        text += ["### A/B", "", ab_report(out["cells"], names, AB_METRICS, commits), ""]
     for label in out["cells"]:
-        text += [
-            f"### Cells, server {label} ({commits[label]})",
-            "",
-            cell_table(out, the_cells, label),
-            "",
-        ]
+        text += [f"### Cells, server {label} ({commits[label]})", ""]
+        text += [cell_table(out, the_cells, label), ""]
     text += [f"Per-key order violations seen by the pullers: {violations}"]
     for label, lat in out.get("latency", {}).items():
         text += [
@@ -239,8 +231,7 @@ def main() -> None:
     args.messages = args.messages or (4_000 if args.quick else 40_000)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.latency_seconds = args.latency_seconds or (2.0 if args.quick else 20.0)
-    # Long enough to be a sustained rate (~3 s at 50k msgs/s): over 30,000 messages (half a
-    # second) the peak read 52-65k in back-to-back runs, above what the server sustains.
+    # Long enough to be a sustained rate: over half a second the peak reads high.
     args.peak_messages = 10_000 if args.quick else 150_000
     facts = machine_facts()
     with servers("cproxy-matrix-", args.ab) as the_servers:

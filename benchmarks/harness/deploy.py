@@ -12,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -154,7 +153,3 @@ def deployed(root: Path, specs: list[tuple[str, int, bool]]) -> Iterator[list[De
     finally:
         for d in out:
             d.stop()
-
-
-def as_dict(d: Deployment) -> dict[str, Any]:
-    return {"name": d.name, "proxies": len(d.proxies), "postgres": d.pg is not None}

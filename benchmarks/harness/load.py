@@ -1,12 +1,8 @@
-"""Load generators, all HTTP through ``consumer_sdk.AsyncClient`` (one client per task).
-
-Message ``i`` of a set has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys,
-"p": padding}`` (plus ``"t"``: client send time in ns, open loop only). ``s`` grows by one
-per key, so a puller can check per-key order.
-
-- :func:`produce`: closed loop, several producers, per-key order kept across them;
-- :func:`open_loop_produce`: a fixed rate that never waits on replies (for latency);
-- :func:`consume`: pullers that check per-key order; acks ride on the next pull.
+"""Load generators, all HTTP through ``consumer_sdk.AsyncClient`` (one client per task):
+:func:`produce` (closed loop, per-key order kept across producers), :func:`open_loop_produce`
+(a fixed rate that never waits on replies) and :func:`consume` (pullers; acks ride on the next
+pull). Message ``i`` has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys, "p":
+padding}`` (plus ``"t"``, the send time in ns, open loop only): ``s`` shows per-key order.
 """
 
 from __future__ import annotations
