@@ -21,8 +21,7 @@ run() {
   "$PY" -m "benchmarks.$name" --json "$OUT/$name.json" "$@" > "$OUT/$name.md" 2> "$OUT/$name.log"
 }
 run peers --messages 100000 --rounds 3
-run latency --seconds 10 --rounds 3
-run isolation --messages 100000 --pairs 3
+run latency --seconds 5 --rounds 3
 run memory --messages 100000
 run longpoll --pullers 5000 --wait-ms 30000 --idle-s 20 --trickle-s 10
 run spark_sink --sizes 200000 --rounds 3
