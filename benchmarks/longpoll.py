@@ -88,7 +88,8 @@ def _request(path: str) -> bytes:
 
 async def puller(port: int, group: str, wait_ms: int, first_ms: int, tally: Tally) -> None:
     """Long-poll forever over one keep-alive connection; acks ride on the next pull."""
-    request, wait, acks = _request(f"/v1/groups/{group}/pull"), first_ms, []
+    request, wait = _request(f"/v1/groups/{group}/pull"), first_ms
+    acks: list[dict[str, Any]] = []
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     tally.started += 1
     tally.changed.set()

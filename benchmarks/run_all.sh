@@ -20,8 +20,8 @@ run() {
   echo "== $name $* ($(date +%T), load $(cut -d' ' -f1 /proc/loadavg))" | tee -a "$OUT/env.txt"
   "$PY" -m "benchmarks.$name" --json "$OUT/$name.json" "$@" > "$OUT/$name.md" 2> "$OUT/$name.log"
 }
-run peers --messages 100000 --rounds 3
-run latency --seconds 5 --rounds 3
+run peers --rounds 5
+run latency --seconds 5 --rounds 5
 run memory --messages 100000
 run longpoll --pullers 5000 --wait-ms 30000 --idle-s 20 --trickle-s 10
 run spark_sink --sizes 200000 --rounds 3
