@@ -1,23 +1,13 @@
 """The client side of :mod:`benchmarks.peers`: one producer or consumer per process, for
-cproxy (plain pullers or the SDK's ``AsyncConsumer``), Redis Streams and NATS JetStream.
+cproxy (its SDK, or plain pullers), Redis Streams and NATS JetStream.
 
 Every child builds its messages (or connects) first, waits at the run's barrier, works until
-the parent sets ``stop`` (or, for producers, until its share is sent), and reports its CPU
-seconds since the barrier. Consumers publish their progress in shared arrays (one slot per
-consumer, written only by that consumer): first deliveries of all messages and of healthy
-ones, and the monotonic time of the latest of each, so the parent sees the exact moment the
-last message arrived without any message passing on the hot path.
-
-Message ``i`` has key ``k{i % keys}`` and the JSON body ``{"k": key index, "s": i // keys,
-"p": padding}`` of ``body_bytes``; producer ``p`` sends the messages with ``i % producers ==
-p`` in order, so each key has one producer and per-key order is the send order. A key is
-*stalled* when its index is a multiple of ``stall_every``. In a stall run, cproxy pullers
-never ack a stalled message (it stays in flight), the SDK handler raises (it is failed on
-every delivery), and a Redis or NATS partition consumer stops at it for good, as an ordered
-consumer of a partition must (it may not skip the message and may not pass it).
-
-The redis and nats clients are imported inside the functions that use them, so this module
-imports without the ``bench`` extra.
+the parent sets ``stop`` (producers: until their share is sent), and reports its CPU seconds
+since the barrier. Consumers publish first deliveries (all, and of healthy keys) and the time
+of the latest in shared arrays, one slot per consumer: nothing crosses processes per message.
+Producer ``p`` sends the messages with ``i % producers == p`` in order, so per-key order is
+the send order. The redis and nats clients are imported where used (no ``bench`` extra
+needed to import this module).
 """
 
 from __future__ import annotations
@@ -27,7 +17,7 @@ import contextlib
 import logging
 import multiprocessing.synchronize
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from multiprocessing.sharedctypes import SynchronizedArray
 from typing import Any
@@ -35,7 +25,7 @@ from typing import Any
 import orjson
 
 from benchmarks.harness.load import run_loop
-from consumer_sdk import AsyncClient, AsyncConsumer, Message, QueueResult
+from consumer_sdk import AsyncClient, AsyncConsumer, AsyncProducer, Message, QueueResult
 from cproxy.placement import queue_for_key
 
 GROUP = "g"
@@ -44,7 +34,7 @@ TOPIC = "bench"
 
 @dataclass(frozen=True)
 class Workload:
-    """The issue 13 workload; every system gets the same messages."""
+    """The peers workload; every system gets the same messages."""
 
     messages: int = 200_000
     keys: int = 10_000
@@ -143,36 +133,29 @@ def child_main(spec: ChildSpec, shared: Shared) -> None:
 
 
 async def _child(spec: ChildSpec, shared: Shared) -> None:
-    wl = spec.workload
-    stop = asyncio.Event()
+    wl, stop, cpu = spec.workload, asyncio.Event(), [0.0]
+
+    async def ready() -> None:
+        """Connected: wait at the barrier, then start the CPU clock (and the stop watcher)."""
+        await asyncio.to_thread(shared.barrier.wait)
+        cpu[0] = time.process_time()
+        if spec.role == "consumer":
+            watchers.append(asyncio.create_task(_watch(shared, stop)))
+
+    watchers: list[asyncio.Task[None]] = []
+    tally = Tally(spec, shared)
     if spec.role == "producer":
         pad = wl.pad()
         messages = [(i, wl.partition(i % wl.keys), wl.body(i, pad)) for i in wl.share(spec.index)]
         batches = [messages[b : b + wl.batch] for b in range(0, len(messages), wl.batch)]
-        work: Callable[[], Any] = {
-            "redis": produce_redis,
-            "nats": produce_nats,
-        }.get(spec.system, produce_cproxy)(spec, batches)
+        produce = {"redis": produce_redis, "nats": produce_nats, "cproxy-sdk": produce_cproxy_sdk}
+        await produce.get(spec.system, produce_cproxy)(spec, batches, ready)
     else:
-        tally = Tally(spec, shared)
-        work = {
-            "redis": consume_redis,
-            "nats": consume_nats,
-            "cproxy-pull": consume_cproxy_pull,
-            "cproxy-sdk": consume_cproxy_sdk,
-        }[spec.system](spec, tally, stop)
-    await work()  # connect
-    await asyncio.to_thread(shared.barrier.wait)
-    cpu = time.process_time()
-    if spec.role == "producer":
-        await work()
-    else:
-        watcher = asyncio.create_task(_watch(shared, stop))
-        await work()
-        await watcher
-    cpu = time.process_time() - cpu
-    violations = 0 if spec.role == "producer" else tally.violations
-    shared.reports.put((spec.role, spec.index, cpu, violations))
+        consume = {"redis": consume_redis, "nats": consume_nats, "cproxy-sdk": consume_cproxy_sdk,
+                   "cproxy-pull": consume_cproxy_pull}  # fmt: skip
+        await consume[spec.system](spec, tally, stop, ready)
+        await asyncio.gather(*watchers)
+    shared.reports.put((spec.role, spec.index, time.process_time() - cpu[0], tally.violations))
 
 
 async def _watch(shared: Shared, stop: asyncio.Event) -> None:
@@ -186,16 +169,7 @@ async def _watch(shared: Shared, stop: asyncio.Event) -> None:
 
 
 Batches = list[list[tuple[int, int, bytes]]]  # (message index, partition, body JSON)
-
-
-def _two_step(connect: Callable[[], Any], run: Callable[[], Any]) -> Callable[[], Any]:
-    """A callable whose first call connects and second call runs."""
-    steps = iter((connect, run))
-
-    def step() -> Any:
-        return next(steps)()
-
-    return step
+Ready = Callable[[], Awaitable[None]]  # awaited once connected: the run starts after it
 
 
 async def _until_stopped(stop: asyncio.Event, *loops: Any) -> None:
@@ -210,30 +184,35 @@ async def _until_stopped(stop: asyncio.Event, *loops: Any) -> None:
 
 
 # -- cproxy --------------------------------------------------------------------------------------
-def produce_cproxy(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
-    client = AsyncClient(spec.address, timeout_ms=120_000)
+async def produce_cproxy(spec: ChildSpec, batches: Batches, ready: Ready) -> None:
+    """Plain produce calls of pre-encoded messages."""
     keys = spec.workload.keys
     encoded = [
         [b'{"key":"k%d","body":%s}' % (i % keys, body) for i, _, body in batch] for batch in batches
     ]
-
-    async def connect() -> None:
+    async with AsyncClient(spec.address, timeout_ms=120_000) as client:
         await client.list_topics()  # opens the connection
-
-    async def run() -> None:
-        async with client:
-            for batch in encoded:
-                await client.produce_encoded(TOPIC, batch)
-
-    return _two_step(connect, run)
+        await ready()
+        for batch in encoded:
+            await client.produce_encoded(TOPIC, batch)
 
 
-def consume_cproxy_pull(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+async def produce_cproxy_sdk(spec: ChildSpec, batches: Batches, ready: Ready) -> None:
+    """``AsyncProducer.send_batch`` of each batch (the SDK encodes the bodies)."""
+    keys = spec.workload.keys
+    messages = [
+        [{"key": f"k{i % keys}", "body": orjson.loads(body)} for i, _, body in batch]
+        for batch in batches
+    ]
+    async with AsyncProducer(spec.address, timeout_ms=120_000) as producer:
+        await ready()
+        for batch in messages:
+            await producer.send_batch(TOPIC, batch)
+
+
+async def consume_cproxy_pull(spec: ChildSpec, tally: Tally, stop: asyncio.Event,
+                              ready: Ready) -> None:  # fmt: skip
     """A plain puller: ``max_messages`` = batch, acks ride on the next pull."""
-    client = AsyncClient(spec.address, timeout_ms=120_000)
-
-    async def connect() -> None:
-        await client.list_topics()
 
     async def loop() -> None:
         results: list[QueueResult] = []
@@ -247,39 +226,26 @@ def consume_cproxy_pull(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> C
                     acks.setdefault((m.topic, m.qid), []).append(m.offset)
             results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
 
-    async def run() -> None:
-        async with client:
-            await _until_stopped(stop, loop())
-
-    return _two_step(connect, run)
+    async with AsyncClient(spec.address, timeout_ms=120_000) as client:
+        await client.list_topics()
+        await ready()
+        await _until_stopped(stop, loop())
 
 
 class _Stalled(Exception):
     """Raised by the SDK handler for a stalled key: the message is failed, and retried."""
 
 
-def consume_cproxy_sdk(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+async def consume_cproxy_sdk(spec: ChildSpec, tally: Tally, stop: asyncio.Event,
+                             ready: Ready) -> None:  # fmt: skip
     async def handle(msg: Message) -> None:
         if not tally.see(msg.body["k"], msg.body["s"], msg.attempt == 1):
             raise _Stalled
 
-    consumer = AsyncConsumer(
-        spec.address,
-        group=GROUP,
-        topics=[TOPIC],
-        handler=handle,
-        max_messages=spec.workload.batch,
-        handle_signals=False,
-    )
-
-    async def connect() -> None:
-        pass  # the consumer connects when started; starting it would start pulling
-
-    async def run() -> None:
-        async with consumer:
-            await stop.wait()
-
-    return _two_step(connect, run)
+    await ready()  # the consumer connects when started, and starts pulling at once
+    async with AsyncConsumer(spec.address, group=GROUP, topics=[TOPIC], handler=handle,
+                             max_messages=spec.workload.batch, handle_signals=False):  # fmt: skip
+        await stop.wait()
 
 
 # -- Redis Streams -------------------------------------------------------------------------------
@@ -290,24 +256,20 @@ def _redis(address: str) -> Any:
     return redis.asyncio.Redis(host=host, port=int(port), max_connections=64)
 
 
-def produce_redis(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+async def produce_redis(spec: ChildSpec, batches: Batches, ready: Ready) -> None:
     """XADD of each batch in one pipeline (no transaction): one round trip per batch."""
-    r = _redis(spec.address)
-
-    async def run() -> None:
-        async with r:
-            for batch in batches:
-                pipe = r.pipeline(transaction=False)
-                for i, p, body in batch:
-                    pipe.xadd(f"p{p}", {"key": f"k{i % spec.workload.keys}", "body": body})
-                await pipe.execute()
-
-    return _two_step(r.ping, run)
+    async with _redis(spec.address) as r:
+        await r.ping()
+        await ready()
+        for batch in batches:
+            pipe = r.pipeline(transaction=False)
+            for i, p, body in batch:
+                pipe.xadd(f"p{p}", {"key": f"k{i % spec.workload.keys}", "body": body})
+            await pipe.execute()
 
 
-def consume_redis(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+async def consume_redis(spec: ChildSpec, tally: Tally, stop: asyncio.Event, ready: Ready) -> None:
     """One XREADGROUP loop per owned stream; its XACKs ride in the pipeline of the next read."""
-    r = _redis(spec.address)
 
     async def loop(stream: str) -> None:
         done: list[bytes] = []
@@ -326,12 +288,10 @@ def consume_redis(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callabl
                         await asyncio.Event().wait()  # blocked for good on this partition
                     done.append(entry_id)
 
-    async def run() -> None:
-        async with r:
-            owned = spec.workload.owned(spec.index)
-            await _until_stopped(stop, *(loop(f"p{p}") for p in owned))
-
-    return _two_step(r.ping, run)
+    async with _redis(spec.address) as r:
+        await r.ping()
+        await ready()
+        await _until_stopped(stop, *(loop(f"p{p}") for p in spec.workload.owned(spec.index)))
 
 
 def setup_redis(address: str, wl: Workload) -> None:
@@ -344,41 +304,28 @@ def setup_redis(address: str, wl: Workload) -> None:
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------
-def produce_nats(spec: ChildSpec, batches: Batches) -> Callable[[], Any]:
+async def produce_nats(spec: ChildSpec, batches: Batches, ready: Ready) -> None:
     """Each batch as asynchronous JetStream publishes, then wait for all their acks."""
     import nats
 
-    conn: list[Any] = []
-
-    async def connect() -> None:
-        conn.append(await nats.connect(spec.address))
-
-    async def run() -> None:
-        nc = conn[0]
-        js = nc.jetstream(publish_async_max_pending=4 * spec.workload.batch)
-        try:
-            for batch in batches:
-                acks = [await js.publish_async(f"bench.{p}", body) for _, p, body in batch]
-                await asyncio.gather(*acks)
-        finally:
-            await nc.close()
-
-    return _two_step(connect, run)
+    nc = await nats.connect(spec.address)
+    await ready()
+    js = nc.jetstream(publish_async_max_pending=4 * spec.workload.batch)
+    try:
+        for batch in batches:
+            await asyncio.gather(*[await js.publish_async(f"bench.{p}", b) for _, p, b in batch])
+    finally:
+        await nc.close()
 
 
-def consume_nats(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable[[], Any]:
+async def consume_nats(spec: ChildSpec, tally: Tally, stop: asyncio.Event, ready: Ready) -> None:
     """One pull consumer (ack policy *all*) per owned stream: fetch a batch, handle it in
     order, ack its last message."""
     import nats
     import nats.errors
 
-    conn: list[Any] = []
-
-    async def connect() -> None:
-        conn.append(await nats.connect(spec.address))
-
     async def loop(p: int) -> None:
-        sub = await conn[0].jetstream().pull_subscribe_bind(GROUP, stream=f"P{p}")
+        sub = await nc.jetstream().pull_subscribe_bind(GROUP, stream=f"P{p}")
         while True:
             try:
                 msgs = await sub.fetch(spec.workload.batch, timeout=1.0)
@@ -394,13 +341,12 @@ def consume_nats(spec: ChildSpec, tally: Tally, stop: asyncio.Event) -> Callable
             if last is not None:
                 await last.ack()
 
-    async def run() -> None:
-        try:
-            await _until_stopped(stop, *(loop(p) for p in spec.workload.owned(spec.index)))
-        finally:
-            await conn[0].close()
-
-    return _two_step(connect, run)
+    nc = await nats.connect(spec.address)
+    await ready()
+    try:
+        await _until_stopped(stop, *(loop(p) for p in spec.workload.owned(spec.index)))
+    finally:
+        await nc.close()
 
 
 async def setup_nats(url: str, wl: Workload) -> None:

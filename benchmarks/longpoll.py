@@ -1,26 +1,22 @@
-"""Long polls at scale: N concurrent long-polling pulls on one group and a trickle of produces.
+"""Long polls: N pulls waiting at once on one group, then a trickle of produces.
 
-Per cell (a fresh topic of 8 queues and a fresh group, ``order_by`` key):
+A fresh topic (8 queues) and group (``order_by: key``). N pullers, raw HTTP/1.1 keep-alive
+connections on one event loop (not N SDK clients: with 1,000 httpx clients in one process
+the client itself adds seconds), each long-polling ``POST /v1/groups/{g}/pull`` with
+``max_messages`` 1 and ``--wait-ms`` (the first waits spread over [wait/10, wait] so that
+expiries spread as in a steady population), acking what it got on its next pull:
 
-1. N pullers connect (raw HTTP/1.1 keep-alive connections on one event loop, not N SDK
-   clients: the load generator must stay cheap) and each long-polls
-   ``POST /v1/groups/{g}/pull`` with ``max_messages`` 1 and ``wait_ms`` (default 20 s),
-   acking what it got on its next pull;
-2. *idle*: nothing is produced for ``--idle-s``; the server's CPU share (of one core) is
-   measured, and its RSS (with the N waiting pulls) against the RSS before they connected;
-3. *trickle*: one message per produce call at ``--rate`` msgs/s (open loop, each a new key)
-   for ``--trickle-s``; the server's CPU share is measured again, and each message's
-   produce-to-delivery time (the producer's send time, carried in the body, to the moment a
-   puller has parsed the answer that carries it; one process, one clock);
-4. every produced message must be delivered; errors (non-200 answers, connection errors)
-   are counted, never retried silently.
+1. *idle*: nothing is produced for ``--idle-s``: the server's CPU share of one core while
+   the N pulls wait (and expire and come back), and its RSS;
+2. *trickle*: one message per produce call at ``--rate`` msgs/s (open loop, each a new key)
+   for ``--trickle-s``: each message's send -> delivery time (the send time travels in the
+   body; one process, one clock) and the server's CPU share;
+3. every produced message must be delivered; errors are counted, never retried silently.
 
-Cells: N in ``--pullers`` (default 1000 and 5000). ``--ab REF`` runs a server from REF too
-(B), rounds interleaved, and reports medians and ratios B/A. The client raises its open-file
-limit to the hard limit (the servers inherit it): N connections need N descriptors.
+The client raises its open-file limit to the hard limit (the server inherits it).
 
-    python -m benchmarks.longpoll --quick                 # 500 pullers, short phases
-    python -m benchmarks.longpoll --ab 6c6c186            # 1000 and 5000 pullers, A and B
+    python -m benchmarks.longpoll --quick                    # 500 pullers, 5 s phases
+    python -m benchmarks.longpoll --pullers 5000 --wait-ms 30000 --idle-s 20 --trickle-s 10
 """
 
 from __future__ import annotations
@@ -36,25 +32,21 @@ from typing import Any
 
 import orjson
 
-from benchmarks.harness.ab import Side, ab_report, rounds, sides
-from benchmarks.harness.load import create_topic, delete_group, put_group, run_loop
+from benchmarks.harness.load import client, create_topic, put_group, run_loop
 from benchmarks.harness.probe import Probe, rss
 from benchmarks.harness.report import (
     arg_parser,
     finish,
     machine_facts,
-    median,
-    percentile,
+    percentiles,
     progress,
     table,
 )
 from benchmarks.harness.server import servers
 
-QUEUES = 8
 #: Connections opened at once while ramping up (uvicorn's listen backlog is 2048).
 CONNECT_CHUNK = 250
-#: How long produce calls may take to answer, and then messages to be delivered, after the
-#: trickle (s each); what is still missing then counts as errors (an overloaded server).
+#: How long answers may take after the trickle before what is missing counts as errors.
 DRAIN_TIMEOUT_S = 30.0
 
 
@@ -63,17 +55,12 @@ class Tally:
     """What the pullers saw, shared by all of them (one event loop: no locks)."""
 
     latencies_ms: list[float] = field(default_factory=list)
-    #: Stored -> delivered (the message's ``produced_at_ms`` to the answer, wall clock).
-    store_ms: list[float] = field(default_factory=list)
-    errors: int = 0
+    errors: list[str] = field(default_factory=list)
     requests: int = 0
     started: int = 0
-    error_samples: list[str] = field(default_factory=list)
-    #: Set whenever a puller starts or gets a message.
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     async def until(self, done: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait until ``done()`` holds (re-checked on every change) or ``timeout_s`` passed."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 while not done():
@@ -81,357 +68,158 @@ class Tally:
                     await self.changed.wait()
         return done()
 
-    def error(self, what: str) -> None:
-        self.errors += 1
-        if len(self.error_samples) < 5:
-            self.error_samples.append(what)
-
 
 async def _answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
     length = 0
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
         if name.strip().lower() == b"content-length":
             length = int(value)
-    return status, await reader.readexactly(length)
+    return int(head[9:12]), await reader.readexactly(length)
 
 
-async def puller(
-    host: str, port: int, group: str, wait_ms: int, tally: Tally, first_wait_ms: int | None = None
-) -> None:
-    """Long-poll forever over one keep-alive connection; acks ride on the next pull. The
-    first pull waits ``first_wait_ms`` (default ``wait_ms``), the rest ``wait_ms``."""
-    request = (
-        f"POST /v1/groups/{group}/pull HTTP/1.1\r\nHost: {host}\r\n"
+def _request(path: str) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
     ).encode()
-    first = True
-    while True:
-        try:
-            reader, writer = await asyncio.open_connection(host, port)
-        except OSError as exc:
-            tally.error(f"connect: {exc}")
-            await asyncio.sleep(0.5)
-            continue
-        acks: list[dict[str, Any]] = []
-        try:
-            while True:
-                wait = first_wait_ms if first and first_wait_ms is not None else wait_ms
-                body = orjson.dumps({"max_messages": 1, "wait_ms": wait, "results": acks})
-                writer.write(request % len(body) + body)
-                tally.requests += 1
-                if first:
-                    tally.started += 1
-                    tally.changed.set()
-                    first = False
-                status, data = await _answer(reader)
-                now_ms = time.monotonic() * 1000
-                wall_ms = time.time() * 1000
-                acks = []
-                if status != 200:
-                    tally.error(f"status {status}: {data[:200]!r}")
-                    await asyncio.sleep(0.1)
-                    continue
-                for m in orjson.loads(data)["messages"]:
-                    tally.latencies_ms.append(now_ms - m["body"]["t"])
-                    tally.store_ms.append(wall_ms - m["produced_at_ms"])
-                    acks.append({"topic": m["topic"], "qid": m["qid"], "acks": [m["offset"]]})
-                tally.changed.set()
-        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-            tally.error(f"connection: {exc!r}")
-            await asyncio.sleep(0.1)
-        finally:
-            writer.close()
 
 
-class Producer:
-    """Produce calls over a few raw keep-alive connections (cheaper than an SDK client:
-    the load generator shares the machine with the server)."""
-
-    def __init__(self, host: str, port: int, topic: str, connections: int = 8) -> None:
-        self.host, self.port, self.connections = host, port, connections
-        self.head = (
-            f"POST /v1/topics/{topic}/messages HTTP/1.1\r\nHost: {host}\r\n"
-            "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-        ).encode()
-        self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = (
-            asyncio.Queue()
-        )
-
-    async def open(self) -> None:
-        for _ in range(self.connections):
-            self.free.put_nowait(await asyncio.open_connection(self.host, self.port))
-
-    def close(self) -> None:
-        while not self.free.empty():
-            self.free.get_nowait()[1].close()
-
-    async def send(self, body: bytes) -> None:
-        """One produce call; raises on a non-200 answer or a broken connection."""
-        reader, writer = await self.free.get()
-        try:
-            writer.write(self.head % len(body) + body)
+async def puller(port: int, group: str, wait_ms: int, first_ms: int, tally: Tally) -> None:
+    """Long-poll forever over one keep-alive connection; acks ride on the next pull."""
+    request, wait = _request(f"/v1/groups/{group}/pull"), first_ms
+    acks: list[dict[str, Any]] = []
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    tally.started += 1
+    tally.changed.set()
+    try:
+        while True:
+            body = orjson.dumps({"max_messages": 1, "wait_ms": wait, "results": acks})
+            writer.write(request % len(body) + body)
+            tally.requests += 1
             status, data = await _answer(reader)
-        except BaseException:
-            writer.close()
-            self.free.put_nowait(await asyncio.open_connection(self.host, self.port))
-            raise
-        self.free.put_nowait((reader, writer))
-        if status != 200:
-            raise RuntimeError(f"produce answered {status}: {data[:200]!r}")
+            now_ms, wait, acks = time.monotonic() * 1000, wait_ms, []
+            if status != 200:
+                tally.errors.append(f"pull answered {status}: {data[:200]!r}")
+                continue
+            for m in orjson.loads(data)["messages"]:
+                tally.latencies_ms.append(now_ms - m["body"]["t"])
+                acks.append({"topic": m["topic"], "qid": m["qid"], "acks": [m["offset"]]})
+            tally.changed.set()
+    except (OSError, asyncio.IncompleteReadError) as exc:
+        tally.errors.append(f"connection: {exc!r}")
+    finally:
+        writer.close()
 
 
-async def trickle(
-    producer: Producer, rate: float, seconds: float, produce_ms: list[float]
-) -> tuple[int, int]:
-    """Produce one message per call at ``rate`` per second (open loop); returns (sent,
-    failed). Each message gets a new key and carries its send time (ms, monotonic); each
-    call's round trip (ms) goes to ``produce_ms``."""
-    sent = failed = 0
-    started = time.monotonic()
-    tasks: set[asyncio.Task[None]] = set()
+async def trickle(port: int, topic: str, rate: float, seconds: float) -> tuple[int, int]:
+    """One message per call at ``rate`` (open loop) over 8 connections: (sent, failed)."""
+    head, failed = _request(f"/v1/topics/{topic}/messages"), 0
+    free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+    for _ in range(8):
+        free.put_nowait(await asyncio.open_connection("127.0.0.1", port))
 
     async def one(i: int) -> None:
         nonlocal failed
-        t = time.monotonic() * 1000
-        body = orjson.dumps({"messages": [{"key": f"k{i}", "body": {"t": t}}]})
-        try:
-            await producer.send(body)
-            produce_ms.append(time.monotonic() * 1000 - t)
-        except Exception as exc:  # counted: the report shows errors
-            failed += 1
-            progress(f"produce failed: {exc!r}")
+        body = orjson.dumps(
+            {"messages": [{"key": f"k{i}", "body": {"t": time.monotonic() * 1000}}]}
+        )
+        reader, writer = await free.get()
+        writer.write(head % len(body) + body)
+        status, _ = await _answer(reader)
+        free.put_nowait((reader, writer))
+        failed += status != 200
 
-    total = int(rate * seconds)
+    tasks, total, t0 = [], int(rate * seconds), time.monotonic()
     for i in range(total):
-        delay = started + i / rate - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-        sent += 1
-    if tasks:
-        _, late = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
-        for task in late:
-            task.cancel()
-        failed += len(late)
-        if late:
-            progress(f"{len(late)} produce calls unanswered {DRAIN_TIMEOUT_S:g} s after trickle")
-    return sent, failed
+        await asyncio.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        tasks.append(asyncio.create_task(one(i)))
+    _, late = await asyncio.wait(tasks, timeout=DRAIN_TIMEOUT_S)
+    while not free.empty():
+        free.get_nowait()[1].close()
+    return total, failed + len(late)
 
 
-async def run_cell(side: Side, pullers: int, tag: str, args: Any) -> dict[str, Any]:
-    topic = group = f"lp-{pullers}-{tag}"
-    await create_topic(side.admin, topic, QUEUES)
-    await put_group(side.admin, group, topic)
-    host, port = "127.0.0.1", int(side.url.rsplit(":", 1)[1])
-    tally = Tally()
-    produce_ms: list[float] = []
-    rss_before = rss(side.pid)
-    tasks: list[asyncio.Task[None]] = []
-    out: dict[str, Any] = {"pullers": pullers}
+async def run(args: Any, url: str, pid: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"pullers": args.pullers}
+    port, tally, tasks = int(url.rsplit(":", 1)[1]), Tally(), []
+    async with client(url) as admin:
+        await create_topic(admin, "lp", 8)
+        await put_group(admin, "lp", "lp")
+    rss_before = rss(pid)
     try:
-        t0 = time.monotonic()
-        for start in range(0, pullers, CONNECT_CHUNK):
-            for _ in range(min(CONNECT_CHUNK, pullers - start)):
-                # Spread: the first waits are uniform in [wait_ms / 10, wait_ms], so expiries
-                # spread over time as in a steady population of consumers; without it all
-                # N pulls, started together, expire together (a re-poll storm every wait_ms).
+        for start in range(0, args.pullers, CONNECT_CHUNK):
+            for _ in range(min(CONNECT_CHUNK, args.pullers - start)):
                 first = round(random.uniform(args.wait_ms / 10, args.wait_ms))
-                first_wait = first if args.spread else None
-                tasks.append(
-                    asyncio.create_task(puller(host, port, group, args.wait_ms, tally, first_wait))
-                )
+                tasks.append(asyncio.create_task(puller(port, "lp", args.wait_ms, first, tally)))
             await tally.until(lambda: tally.started >= len(tasks), 30)
-        if tally.started < pullers:
-            raise RuntimeError(f"only {tally.started} of {pullers} pullers started")
-        out["connect_s"] = round(time.monotonic() - t0, 2)
-        await asyncio.sleep(1.0)  # let the last requests reach the server and wait there
-        requests_before = tally.requests
-        with Probe(side.pid) as idle:
+        if tally.started < args.pullers:
+            raise RuntimeError(f"only {tally.started} of {args.pullers} pullers connected")
+        await asyncio.sleep(1.0)  # the last pulls reach the server and wait there
+        requests = tally.requests
+        with Probe(pid) as idle:
             await asyncio.sleep(args.idle_s)
-        out["idle_core_share"] = idle.server_cpu / idle.wall
-        out["idle_requests_per_s"] = (tally.requests - requests_before) / idle.wall
-        out["idle_client_core_share"] = idle.client_cpu / idle.wall
-        rss_idle = rss(side.pid)
-        out["rss_mib"] = rss_idle["rss_mib"]
-        out["rss_growth_mib"] = round(rss_idle["rss_mib"] - rss_before["rss_mib"], 1)
-        producer = Producer(host, port, topic)
-        await producer.open()
-        with Probe(side.pid) as busy:
-            sent, failed = await trickle(producer, args.rate, args.trickle_s, produce_ms)
-        producer.close()
-        out["trickle_core_share"] = busy.server_cpu / busy.wall
-        out["trickle_client_core_share"] = busy.client_cpu / busy.wall
+        out |= {"idle_cpu_pct": 100 * idle.server_cpu / idle.wall,
+                "idle_pulls_per_s": (tally.requests - requests) / idle.wall,
+                "rss_mib": rss(pid)["rss_mib"],
+                "rss_growth_mib": rss(pid)["rss_mib"] - rss_before["rss_mib"]}  # fmt: skip
+        with Probe(pid) as busy:
+            sent, failed = await trickle(port, "lp", args.rate, args.trickle_s)
         await tally.until(lambda: len(tally.latencies_ms) >= sent - failed, DRAIN_TIMEOUT_S)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        with contextlib.suppress(Exception):
-            await delete_group(side.admin, group)
-    lat = sorted(tally.latencies_ms)
-    out |= {
-        "produced": sent,
-        "produce_errors": failed,
-        "delivered": len(lat),
-        "undelivered": sent - failed - len(lat),
-        "pull_errors": tally.errors,
-        "error_samples": tally.error_samples,
-        "p50_ms": percentile(lat, 50) if lat else float("nan"),
-        "p99_ms": percentile(lat, 99) if lat else float("nan"),
-        "max_ms": lat[-1] if lat else float("nan"),
-        "store_p50_ms": percentile(sorted(tally.store_ms), 50),
-        "store_p99_ms": percentile(sorted(tally.store_ms), 99),
-        "store_max_ms": max(tally.store_ms, default=float("nan")),
-        "produce_p50_ms": percentile(sorted(produce_ms), 50),
-        "produce_p99_ms": percentile(sorted(produce_ms), 99),
-        "idle_cpu_pct": round(100 * out["idle_core_share"], 2),
-        "trickle_cpu_pct": round(100 * out["trickle_core_share"], 1),
-        "errors": failed + tally.errors + max(0, sent - failed - len(lat)),
-    }
-    return out
-
-
-def describe(r: dict[str, Any]) -> str:
-    return (
-        f"errors {r['errors']} p50 {r['p50_ms']:.1f} p99 {r['p99_ms']:.1f} "
-        f"max {r['max_ms']:.0f} ms; store->deliver p50 {r['store_p50_ms']:.1f} "
-        f"p99 {r['store_p99_ms']:.1f} max {r['store_max_ms']:.0f} ms "
-        f"(produce p50 {r['produce_p50_ms']:.1f} "
-        f"p99 {r['produce_p99_ms']:.1f}); cpu idle {r['idle_cpu_pct']:.1f}% "
-        f"trickle {r['trickle_cpu_pct']:.0f}%; rss {r['rss_mib']} MiB"
-    )
-
-
-METRICS = [
-    ("errors", "errors"),
-    ("p50 ms", "p50_ms"),
-    ("p99 ms", "p99_ms"),
-    ("max ms", "max_ms"),
-    ("store->deliver p99 ms", "store_p99_ms"),
-    ("idle CPU %", "idle_cpu_pct"),
-    ("trickle CPU %", "trickle_cpu_pct"),
-    ("RSS MiB", "rss_mib"),
-]
-
-
-def cell_table(results: dict[str, list[dict[str, Any]]], names: list[str]) -> str:
-    def m(name: str, key: str, fmt: str) -> str:
-        return format(median([r[key] for r in results[name]]), fmt)
-
-    return table(
-        [
-            ("pullers", lambda n: n),
-            ("runs", lambda n: len(results[n])),
-            ("errors", lambda n: m(n, "errors", ".0f")),
-            ("delivered", lambda n: m(n, "delivered", ".0f")),
-            ("p50 ms", lambda n: m(n, "p50_ms", ".1f")),
-            ("p99 ms", lambda n: m(n, "p99_ms", ".1f")),
-            ("max ms", lambda n: m(n, "max_ms", ".0f")),
-            (
-                "store→deliver p50/p99/max ms",
-                lambda n: " / ".join(
-                    m(n, k, f)
-                    for k, f in (
-                        ("store_p50_ms", ".1f"),
-                        ("store_p99_ms", ".1f"),
-                        ("store_max_ms", ".0f"),
-                    )
-                ),
-            ),
-            (
-                "produce call p50/p99 ms",
-                lambda n: m(n, "produce_p50_ms", ".1f") + " / " + m(n, "produce_p99_ms", ".1f"),
-            ),
-            ("server CPU idle", lambda n: m(n, "idle_cpu_pct", ".1f") + "%"),
-            ("idle pulls/s", lambda n: m(n, "idle_requests_per_s", ".0f")),
-            ("server CPU trickle", lambda n: m(n, "trickle_cpu_pct", ".0f") + "%"),
-            ("RSS MiB", lambda n: m(n, "rss_mib", ".0f")),
-            ("RSS growth MiB", lambda n: m(n, "rss_growth_mib", ".0f")),
-            (
-                "client CPU trickle",
-                lambda n: (
-                    f"{100 * median([r['trickle_client_core_share'] for r in results[n]]):.0f}%"
-                ),
-            ),
-        ],
-        names,
-    )
-
-
-def report(out: dict[str, Any], args: Any) -> str:
-    commits = out["commits"]
-    names = [str(n) for n in args.pullers]
-    text = [
-        f"## Long polls: {', '.join(names)} pullers, trickle {args.rate:g} msgs/s "
-        f"(A = commit {commits['A']}, {args.repeat} round(s), medians)",
-        "",
-        f"wait_ms {args.wait_ms} (first pulls spread: {args.spread}), idle {args.idle_s:g} s, "
-        f"trickle {args.trickle_s:g} s, "
-        f"{QUEUES} queues, one group, max_messages 1, acks on the next pull.",
-        "",
-    ]
-    if "B" in commits:
-        text += ["### A/B", "", ab_report(out["cells"], names, METRICS, commits), ""]
-    for label, results in out["cells"].items():
-        text += [f"### Server {label} ({commits[label]})", "", cell_table(results, names), ""]
-    return "\n".join(text)
-
-
-def raise_open_files() -> int:
-    """Raise this process's open-file limit to the hard limit (servers inherit it)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        soft = hard
-    return soft
-
-
-async def run(args: Any, the_servers: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"commits": {s.source.label: s.source.commit for s in the_servers}}
-    async with sides(the_servers) as the_sides:
-        out["cells"] = await rounds(
-            the_sides,
-            list(args.pullers),
-            args.repeat,
-            str,
-            lambda side, n, tag: run_cell(side, n, tag, args),
-            describe,
-        )
+    delivered = len(tally.latencies_ms)
+    out |= {"produced": sent, "delivered": delivered, "error_samples": tally.errors[:5],
+            "errors": failed + len(tally.errors) + max(0, sent - failed - delivered),
+            "trickle_cpu_pct": 100 * busy.server_cpu / busy.wall,
+            "send_to_delivery_ms": percentiles(tally.latencies_ms)}  # fmt: skip
+    progress(f"{args.pullers} pullers: {out['errors']} errors, {out['send_to_delivery_ms']}")
     return out
 
 
 def main() -> None:
-    parser = arg_parser(__doc__, "500 pullers, 5 s phases", ab=True)
-    parser.add_argument("--pullers", type=int, nargs="+", help="cells (default 1000 5000)")
+    parser = arg_parser(__doc__, "500 pullers, 5 s phases")
+    parser.add_argument("--pullers", type=int, help="waiting pulls (default 5000; 500 quick)")
     parser.add_argument("--rate", type=float, default=100.0, help="trickle msgs/s (100)")
-    parser.add_argument("--wait-ms", type=int, default=20_000, help="pull wait_ms (20000)")
-    parser.add_argument(
-        "--no-spread",
-        dest="spread",
-        action="store_false",
-        help="every puller's first pull waits wait_ms too (all expire together)",
-    )
+    parser.add_argument("--wait-ms", type=int, default=30_000, help="pull wait_ms (30000)")
     parser.add_argument("--idle-s", type=float, help="idle phase (20 s; 5 with --quick)")
-    parser.add_argument("--trickle-s", type=float, help="trickle phase (20 s; 5 with --quick)")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds (1)")
+    parser.add_argument("--trickle-s", type=float, help="trickle phase (10 s; 5 with --quick)")
     args = parser.parse_args()
-    args.pullers = args.pullers or ([500] if args.quick else [1000, 5000])
+    args.pullers = args.pullers or (500 if args.quick else 5000)
     args.idle_s = args.idle_s or (5.0 if args.quick else 20.0)
-    args.trickle_s = args.trickle_s or (5.0 if args.quick else 20.0)
-    needed = 2 * max(args.pullers) + 200
-    limit = raise_open_files()
-    if limit < needed:
-        raise SystemExit(f"open-file limit {limit} < {needed} needed: raise `ulimit -Hn`")
+    args.trickle_s = args.trickle_s or (5.0 if args.quick else 10.0)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        soft = hard
+    if soft < 2 * args.pullers + 200:
+        raise SystemExit(f"open-file limit {soft} < {2 * args.pullers + 200}: raise ulimit -Hn")
     facts = machine_facts()
-    with servers("cproxy-longpoll-", args.ab) as the_servers:
-        out = run_loop(lambda: run(args, the_servers))
-    out["machine"] = facts
-    finish(out, args, "longpoll", report(out, args))
+    with servers("cproxy-longpoll-") as (server,):
+        out = run_loop(lambda: run(args, server.url, server.pid))
+    out |= {"machine": facts, "commit": server.source.commit}
+    lat = out["send_to_delivery_ms"]
+    row = [
+        ("waiting pulls", lambda o: o["pullers"]),
+        ("errors", lambda o: o["errors"]),
+        ("delivered", lambda o: f"{o['delivered']:,}/{o['produced']:,}"),
+        (
+            "send→deliver p50 / p99 / max ms",
+            lambda o: f"{lat['p50']} / {lat['p99']} / {lat['max']}",
+        ),
+        ("server CPU, idle", lambda o: f"{o['idle_cpu_pct']:.1f} %"),
+        ("pulls/s, idle", lambda o: f"{o['idle_pulls_per_s']:.0f}"),
+        ("server CPU, trickle", lambda o: f"{o['trickle_cpu_pct']:.1f} %"),
+        ("RSS MiB (growth)", lambda o: f"{o['rss_mib']:.0f} ({o['rss_growth_mib']:+.0f})"),
+    ]
+    header = (
+        f"## Long polls (commit {out['commit']}): wait_ms {args.wait_ms}, idle {args.idle_s:g} s, "
+        f"trickle {args.rate:g} msgs/s for {args.trickle_s:g} s"
+    )
+    finish(out, args, "longpoll", f"{header}\n\n{table(row, [out])}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,9 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections import defaultdict
 from collections.abc import Awaitable, Callable
 
-from benchmarks.harness.report import arg_parser, finish, machine_facts, median, progress, table
+from benchmarks.harness.report import arg_parser, finish, interleaved, machine_facts, median, table
 from benchmarks.harness.server import servers
 from consumer_sdk import AsyncConsumer, AsyncProducer, Client, Message, Produce, Producer
 
@@ -94,30 +93,22 @@ def main() -> None:
     args = parser.parse_args()
     n = args.messages or (2_000 if args.quick else 5_000)
     rounds = args.rounds or (2 if args.quick else 3)
-    names = list(CONTENDERS)
-    rates: dict[str, list[float]] = defaultdict(list)
     facts = machine_facts()
-    with servers("cproxy-pipeline-", None) as (server,):
+
+    def one(name: str, rnd: int) -> float:
+        group = out = f"{name}-{rnd}-{os.getpid()}"
+        with Client(server.url) as c:
+            c.create_topic(out, args.queues)
+            c.put_group(group, {"topics": {TOPIC: {"order_by": "key"}}})
+        return n / asyncio.run(CONTENDERS[name](server.url, group, out, n, args.concurrency))
+
+    with servers("cproxy-pipeline-") as (server,):
         produce_inputs(server.url, n, args.keys, args.queues)
-        for rnd in range(rounds):
-            for name in names[rnd % len(names) :] + names[: rnd % len(names)]:
-                group = out = f"{name}-{rnd}-{os.getpid()}"
-                with Client(server.url) as c:
-                    c.create_topic(out, args.queues)
-                    c.put_group(group, {"topics": {TOPIC: {"order_by": "key"}}})
-                run = CONTENDERS[name]
-                elapsed = asyncio.run(run(server.url, group, out, n, args.concurrency))
-                rates[name].append(n / elapsed)
-                progress(f"round {rnd + 1} {name:16s} {rates[name][-1]:8.0f} msgs/s")
-    base = names[0]
-    rows = [
-        {
-            "pipeline": name,
-            "msgs_per_s": median(rates[name]),
-            "ratio": median([a / b for a, b in zip(rates[name], rates[base], strict=True)]),
-        }
-        for name in names
-    ]
+        rates = interleaved(list(CONTENDERS), rounds, one)
+    base = next(iter(CONTENDERS))
+    rows = [{"pipeline": name, "msgs_per_s": median(rs),
+             "ratio": median([a / b for a, b in zip(rs, rates[base], strict=True)])}
+            for name, rs in rates.items()]  # fmt: skip
     out = {"machine": facts, "messages": n, "rounds": rounds, "results": rows}
     text = table(
         [

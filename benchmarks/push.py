@@ -1,24 +1,20 @@
-"""Push delivery: push throughput against pull on the same workload, and key isolation
-when 1 % of keys stall on the receiver.
+"""Push: push delivery against pull on the same backlog, and healthy keys when 1 % of keys
+stall on the receiver.
 
-``--messages`` messages over ``--keys`` keys (``order_by: key``, ``--queues`` queues) are
-produced once into a server (``cproxy serve``, SQLite, a subprocess); every run drains that
-backlog in its own fresh group:
+``--messages`` messages over ``--keys`` keys (``order_by: key``, 8 queues) are produced once;
+every run drains that backlog in its own fresh group:
 
-- *pull*: ``--pullers`` pullers (max_messages 100, acks on the next pull, harness.load);
-- *push*: the proxy POSTs to a receiver in this process (uvicorn on a loopback port,
+- *pull*: 4 pullers (max_messages 100, acks on the next pull);
+- *push*: the proxy POSTs to a receiver in this process (uvicorn on loopback,
   ``tests.push_receiver``) that answers 200 at once; ``max_in_flight`` ``--in-flight``;
-- *push, 1 % stalled*: the receiver never answers messages of keys whose index is a
-  multiple of ``--stall-every`` (their requests stay open: push ``timeout_ms`` and the
-  group's ``ack_timeout_ms`` are 10 minutes), so each stalled key holds one slot.
+- *push, 1 % stalled*: the receiver never answers messages of keys whose index is a multiple
+  of 100 (their requests stay open), so each stalled key holds one slot.
 
-*msgs/s* = messages acked (first 2xx at the receiver, or first delivery for pull) / time
-until the last of them. *Healthy msgs/s* counts only the keys that do not stall in the
-stall run (the same set in both push runs). Runs alternate for ``--rounds`` rounds; the
-report gives medians and the median of per-round ratios stall / no-stall.
+msgs/s = messages acked / time until the last of them; *healthy* counts only the keys that
+do not stall in the stall run. Medians of ``--rounds`` rounds; ratios are per round.
 
-    python -m benchmarks.push --quick          # < 1 minute
-    python -m benchmarks.push --json push.json # full (a few minutes)
+    python -m benchmarks.push --quick          # 4,000 messages, 1 round
+    python -m benchmarks.push --json push.json # 20,000 messages, 3 rounds
 """
 
 from __future__ import annotations
@@ -58,13 +54,9 @@ class Counter:
     """Counts first acks at the receiver (``decide`` runs on the receiver's thread)."""
 
     def __init__(self, stall_every: int | None, every: int) -> None:
-        self.stall_every = stall_every
-        self.every = every
-        self.lock = threading.Lock()
-        self.acked = 0
-        self.healthy = 0
-        self.last_at = 0.0
-        self.last_healthy_at = 0.0
+        self.stall_every, self.every, self.lock = stall_every, every, threading.Lock()
+        self.acked = self.healthy = 0
+        self.last_at = self.last_healthy_at = 0.0
 
     def decide(self, messages: list[dict[str, Any]], headers: dict[str, str]) -> int:
         k = messages[0]["body"]["k"]
@@ -110,14 +102,10 @@ async def push_run(
         receiver.stop()
     total_s = counter.last_at - started
     healthy_s = counter.last_healthy_at - started
-    return {
-        "acked": counter.acked,
-        "healthy": counter.healthy,
-        "msgs_per_s": counter.acked / total_s if total_s > 0 else 0.0,
-        "healthy_per_s": counter.healthy / healthy_s if healthy_s > 0 else 0.0,
-        "finished": counter.healthy >= healthy_total,
-        "max_open": receiver.max_open,
-    }
+    return {"acked": counter.acked, "healthy": counter.healthy,
+            "msgs_per_s": counter.acked / total_s if total_s > 0 else 0.0,
+            "healthy_per_s": counter.healthy / healthy_s if healthy_s > 0 else 0.0,
+            "finished": counter.healthy >= healthy_total}  # fmt: skip
 
 
 async def pull_run(url: str, group: str, messages: int, args: Any) -> dict[str, Any]:
@@ -125,12 +113,9 @@ async def pull_run(url: str, group: str, messages: int, args: Any) -> dict[str, 
         await put_group(c, group, TOPIC, ack_timeout_ms=LONG_MS)
         stats = await consume(url, group, messages, args.pullers, 100, time_limit_s=args.time_limit)
         await delete_group(c, group)
-    seconds = stats.healthy_seconds
-    return {
-        "acked": stats.healthy_delivered,
-        "msgs_per_s": stats.healthy_delivered / seconds if seconds > 0 else 0.0,
-        "order_violations": stats.order_violations,
-    }
+    seconds = (stats.done_at or time.perf_counter()) - stats.started
+    rate = stats.delivered / seconds if seconds > 0 else 0.0
+    return {"acked": stats.delivered, "msgs_per_s": rate, "violations": stats.order_violations}
 
 
 async def main_async(url: str, args: Any) -> dict[str, Any]:
@@ -142,11 +127,8 @@ async def main_async(url: str, args: Any) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     for r in range(args.rounds):
         row: dict[str, Any] = {}
-        progress(f"round {r + 1}/{args.rounds}: pull")
         row["pull"] = await pull_run(url, f"pull-{r}", args.messages, args)
-        progress(f"round {r + 1}/{args.rounds}: push")
         row["push"] = await push_run(url, f"push-{r}", args.messages, healthy_total, args, False)
-        progress(f"round {r + 1}/{args.rounds}: push, 1% stalled")
         row["push_stall"] = await push_run(
             url, f"stall-{r}", args.messages, healthy_total, args, True
         )
@@ -165,38 +147,20 @@ async def main_async(url: str, args: Any) -> dict[str, Any]:
 
 
 def report(out: dict[str, Any], args: Any) -> str:
-    rounds = out["rounds"]
+    def med(run: str, key: str) -> str:
+        return f"{median([float(row[run][key]) for row in out['rounds']]):,.0f}"
 
-    def med(path: tuple[str, ...]) -> float:
-        values = []
-        for row in rounds:
-            v: Any = row
-            for p in path:
-                v = v[p]
-            values.append(float(v))
-        return median(values)
-
-    rows = [
-        ["pull", f"{med(('pull', 'msgs_per_s')):,.0f}", "", ""],
-        [
-            "push",
-            f"{med(('push', 'msgs_per_s')):,.0f}",
-            f"{med(('push', 'healthy_per_s')):,.0f}",
-            "",
-        ],
-        [
-            "push, 1 % of keys stalled",
-            "",
-            f"{med(('push_stall', 'healthy_per_s')):,.0f}",
-            f"{med(('stall_ratio',)):.3f}",
-        ],
-    ]
+    ratio = median([row["stall_ratio"] for row in out["rounds"]])
+    stalled = med("push_stall", "healthy_per_s")
+    rows = [["pull", med("pull", "msgs_per_s"), "", ""],
+            ["push", med("push", "msgs_per_s"), med("push", "healthy_per_s"), ""],
+            ["push, 1 % of keys stalled", "", stalled, f"{ratio:.3f}"]]  # fmt: skip
     table = markdown_table(["run", "msgs/s", "healthy msgs/s", "stall / no-stall"], rows)
     return (
-        f"{args.messages:,} messages, {args.keys} keys, {args.queues} queues; pull: "
-        f"{args.pullers} pullers x 100; push: max_in_flight {args.in_flight}; "
+        f"## Push (commit {out['commit']}): {args.messages:,} messages, {args.keys} keys, 8 "
+        f"queues; pull: 4 pullers x 100; push: max_in_flight {args.in_flight}; "
         f"{args.rounds} round(s), medians\n\n{table}\n\npush / pull: "
-        f"{med(('push_vs_pull',)):.2f} (median of per-round ratios)"
+        f"{median([row['push_vs_pull'] for row in out['rounds']]):.2f} (per-round ratios)"
     )
 
 
@@ -204,21 +168,20 @@ def main() -> None:
     parser = arg_parser(__doc__, "4,000 messages, 1 round")
     parser.add_argument("--messages", type=int, default=20_000)
     parser.add_argument("--keys", type=int, default=1000)
-    parser.add_argument("--queues", type=int, default=8)
-    parser.add_argument("--pullers", type=int, default=4)
     parser.add_argument("--in-flight", type=int, default=64)
-    parser.add_argument("--stall-every", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=300.0)
     args = parser.parse_args()
     if args.quick:
         args.messages, args.rounds = 4000, 1
+    args.queues, args.pullers, args.stall_every = 8, 4, 100
     out: dict[str, Any] = {"machine": machine_facts(), "args": vars(args) | {"json": None}}
     # The receiver is on loopback: the server's config lists its port (cproxy.push_targets).
     args.receiver_port = free_port()
     listed = f'[push]\nallowed_urls = ["http://127.0.0.1:{args.receiver_port}/"]\n'
     with servers("cproxy-push-bench-", config_toml=listed) as (server, *_):
         out.update(run_loop(lambda: main_async(server.url, args)))
+    out["commit"] = server.source.commit
     finish(out, args, "push", report(out, args))
 
 

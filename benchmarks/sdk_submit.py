@@ -15,12 +15,10 @@ CPU per message. ``send`` is timed on ``--send-messages`` (fewer: it is slow by 
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections import defaultdict
 
-from benchmarks.harness.report import arg_parser, finish, machine_facts, median, progress, table
+from benchmarks.harness.report import arg_parser, finish, interleaved, machine_facts, median, table
 from benchmarks.harness.server import servers
 from consumer_sdk import Producer
 
@@ -65,30 +63,22 @@ def main() -> None:
     args = parser.parse_args()
     n = args.messages or 20_000
     rounds = 2 if args.quick else args.rounds
-    rates: dict[str, list[float]] = defaultdict(list)
-    cpu_us: dict[str, list[float]] = defaultdict(list)
     facts = machine_facts()
-    names = ["send", "submit"]
-    with contextlib.ExitStack() as stack:
-        (server,) = stack.enter_context(servers("cproxy-submit-", None))
-        for rnd in range(rounds):
-            for name in names[rnd % 2 :] + names[: rnd % 2]:
-                count = args.send_messages if name == "send" else n
-                cpu = time.process_time()
-                if name == "send":
-                    elapsed = run_send(server.url, f"send-{rnd}", count, args.keys)
-                else:
-                    elapsed = run_submit(
-                        server.url, f"submit-{rnd}", count, args.keys, args.threads
-                    )
-                cpu_us[name].append((time.process_time() - cpu) / count * 1e6)
-                rates[name].append(count / elapsed)
-                progress(f"round {rnd + 1} {name:7s} {rates[name][-1]:9.0f} msgs/s")
-    ratio = median([a / b for a, b in zip(rates["submit"], rates["send"], strict=True)])
-    rows = [
-        {"producer": name, "msgs_per_s": median(rates[name]), "cpu_us": median(cpu_us[name])}
-        for name in names
-    ]
+
+    def one(name: str, rnd: int) -> tuple[float, float]:
+        count, cpu = (args.send_messages if name == "send" else n), time.process_time()
+        if name == "send":
+            elapsed = run_send(server.url, f"send-{rnd}", count, args.keys)
+        else:
+            elapsed = run_submit(server.url, f"submit-{rnd}", count, args.keys, args.threads)
+        return count / elapsed, (time.process_time() - cpu) / count * 1e6
+
+    with servers("cproxy-submit-") as (server,):
+        runs = interleaved(["send", "submit"], rounds, one)
+    rate = {name: [r for r, _ in rs] for name, rs in runs.items()}
+    ratio = median([a / b for a, b in zip(rate["submit"], rate["send"], strict=True)])
+    rows = [{"producer": name, "msgs_per_s": median(rate[name]),
+             "cpu_us": median([c for _, c in rs])} for name, rs in runs.items()]  # fmt: skip
     out = {"machine": facts, "rounds": rounds, "results": rows, "submit_over_send": ratio}
     text = table(
         [

@@ -1,20 +1,16 @@
-"""The SDK's async transport against the HTTP/1.1 pool of another commit (the SDK's before
-this one), or against aiohttp's client, interleaved A/B, client CPU per message.
+"""The SDK's async transport against the HTTP/1.1 pool of another commit, interleaved A/B,
+client CPU per message.
 
 One server; each round runs both transports in rotating order, each producing ``--messages``
 messages with ``AsyncProducer`` and consuming them with ``AsyncConsumer`` (its default pull
 batch) on a fresh topic and group, in this process. Reported per transport: client CPU per
-message (process time, so the server's work is not counted) for produce and consume, and the
-median per-round ratio new/old (target <= 1.2).
-
-The old pool is loaded from git (``--old-ref``, default the SDK before issue 31) and plugged in
-where ``AsyncClient`` makes its sender: the rest of the SDK is the same code. ``--aiohttp``
-takes a minimal aiohttp sender (one session per client, errors left untranslated) as the new
-side instead of this tree's pool: how issue 31's candidate library compared.
+message (process time: the server's work is not counted) for produce and consume, and the
+median per-round ratio new/old (target <= 1.2). The old pool (``consumer_sdk/_http11.py`` at
+``--old-ref``, default the SDK before issue 31) is plugged in where ``AsyncClient`` makes its
+sender: the rest of the SDK is the same code.
 
     python -m benchmarks.sdk_transport --quick              # 3 rounds, 5,000 messages
     python -m benchmarks.sdk_transport --rounds 7 --batch 1 # one message per produce call
-    python -m benchmarks.sdk_transport --aiohttp            # aiohttp's client against the pool
 """
 
 from __future__ import annotations
@@ -25,14 +21,13 @@ import importlib.util
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import consumer_sdk.client as client_module
-from benchmarks.harness.report import arg_parser, finish, machine_facts, median, progress, table
+from benchmarks.harness.report import arg_parser, finish, interleaved, machine_facts, median, table
 from benchmarks.harness.server import servers
 from consumer_sdk import AsyncConsumer, AsyncProducer, Message
 
@@ -56,67 +51,14 @@ def old_pool(ref: str) -> ModuleType:
     return module
 
 
-class AiohttpSender:
-    """Issue 31's candidate: aiohttp's client as ``AsyncClient``'s sender (the interface of
-    ``Http11Pool``); what the SDK would have needed from it, and no more."""
-
-    def __init__(
-        self, url: str, *, headers: dict[str, str], verify: Any, max_connections: int
-    ) -> None:
-        self._url = url.rstrip("/")
-        self._headers = headers
-        self._limit = max_connections
-        self._session: Any = None
-        self._timeouts: dict[float, Any] = {}
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Any,
-        content: bytes | None,
-        timeout_s: float,
-        replay: bool,
-    ) -> Any:
-        import aiohttp
-
-        from consumer_sdk._http11 import Answer
-
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, keepalive_timeout=4.0),
-                headers=self._headers,
-                trust_env=False,  # True looks proxies and ~/.netrc up in a thread per request
-                cookie_jar=aiohttp.DummyCookieJar(),
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding",),
-            )
-        timeout = self._timeouts.get(timeout_s)
-        if timeout is None:
-            timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(
-                total=timeout_s, connect=timeout_s * 0.9
-            )
-        async with self._session.request(
-            method, self._url + path, params=params, data=content, timeout=timeout
-        ) as answer:
-            body = await answer.read()
-            return Answer(answer.status, answer.reason or "", dict(answer.headers), body)
-
-    async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-
-
 @contextlib.contextmanager
-def sender(kind: str, old: ModuleType, use_aiohttp: bool) -> Iterator[None]:
+def sender(kind: str, old: ModuleType) -> Iterator[None]:
     """``AsyncClient`` builds its default sender from ``client.Http11Pool``."""
-    replacement: Any = old.Http11Pool if kind == "old" else AiohttpSender if use_aiohttp else None
-    if replacement is None:
+    if kind != "old":
         yield
         return
     saved = client_module.Http11Pool
-    client_module.Http11Pool = replacement  # type: ignore[misc]  # same signature
+    client_module.Http11Pool = old.Http11Pool  # type: ignore[misc]  # same signature
     try:
         yield
     finally:
@@ -163,47 +105,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=50, help="messages per produce call")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--old-ref", default=OLD_REF, help="a commit with consumer_sdk/_http11.py")
-    parser.add_argument("--aiohttp", action="store_true", help="new side: aiohttp's client")
     args = parser.parse_args()
     n = args.messages or (5_000 if args.quick else 20_000)
     rounds = 3 if args.quick else args.rounds
     old = old_pool(args.old_ref)
-    kinds = ["old", "new"]
-    cpu: dict[tuple[str, str], list[float]] = defaultdict(list)
     facts = machine_facts()
-    with contextlib.ExitStack() as stack:
-        (server,) = stack.enter_context(servers("cproxy-transport-", None))
-        for rnd in range(rounds):
-            for kind in kinds[rnd % 2 :] + kinds[: rnd % 2]:
-                topic = f"{kind}-{rnd}"
-                with sender(kind, old, args.aiohttp):
-                    p = asyncio.run(produce(server.url, topic, n, args.batch))
-                    c = asyncio.run(consume(server.url, topic, f"g-{topic}", n))
-                cpu[(kind, "produce")].append(p / n * 1e6)
-                cpu[(kind, "consume")].append(c / n * 1e6)
-                cpu[(kind, "both")].append((p + c) / n * 1e6)
-                progress(f"round {rnd + 1} {kind:7s} produce {p / n * 1e6:6.1f} µs/msg "
-                         f"consume {c / n * 1e6:6.1f} µs/msg")  # fmt: skip
+
+    def one(kind: str, rnd: int) -> dict[str, float]:
+        topic = f"{kind}-{rnd}"
+        with sender(kind, old):
+            p = asyncio.run(produce(server.url, topic, n, args.batch))
+            c = asyncio.run(consume(server.url, topic, f"g-{topic}", n))
+        return {"produce": p / n * 1e6, "consume": c / n * 1e6, "both": (p + c) / n * 1e6}
+
+    with servers("cproxy-transport-") as (server,):
+        cpu = interleaved(["old", "new"], rounds, one)
     rows: list[dict[str, Any]] = []
     for part in ("produce", "consume", "both"):
-        ratios = [a / b for a, b in zip(cpu[("new", part)], cpu[("old", part)], strict=True)]
-        rows.append(
-            {
-                "part": part,
-                "old": median(cpu[("old", part)]),
-                "new": median(cpu[("new", part)]),
-                "ratio": median(ratios),
-            }
-        )
-    new_name = "aiohttp" if args.aiohttp else "this tree's pool"
-    out = {
-        "machine": facts,
-        "new": new_name,
-        "messages": n,
-        "batch": args.batch,
-        "rounds": rounds,
-        "results": rows,
-    }
+        old_us, new_us = ([r[part] for r in cpu[k]] for k in ("old", "new"))
+        ratios = [a / b for a, b in zip(new_us, old_us, strict=True)]
+        rows.append({"part": part, "old": median(old_us), "new": median(new_us),
+                     "ratio": median(ratios)})  # fmt: skip
+    new_name = "this tree's pool"
+    out = {"machine": facts, "messages": n, "batch": args.batch, "rounds": rounds, "results": rows}
     text = table(
         [
             ("client CPU per message", lambda r: r["part"]),

@@ -3,7 +3,7 @@ through when no HTTPX transport is given (and no proxy variable applies).
 
 Why: in the load generator HTTPX and httpcore (request models, URL merging, the connection
 pool's bookkeeping, h11 events, anyio checkpoints) took about half of the client's CPU per
-message (docs/benchmarks.md, issue 13). The client needs far less: one origin, a few fixed
+message (old journal, issue 13). The client needs far less: one origin, a few fixed
 headers, bodies that are already bytes and answers read whole. So this is an asyncio
 ``Protocol`` per connection that parses with ``httptools`` (llhttp; ~20x cheaper than h11 on a
 pull answer), Content-Length and chunked answers alike.

@@ -1,27 +1,60 @@
-"""The benchmark scripts stay importable and their harness runs (they are not timed here)."""
+"""Every benchmark scenario runs end to end in a small mode and prints its report (the figures
+are not checked here: they are measured, on purpose, elsewhere)."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import json
+import os
 import pkgutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 import benchmarks
 
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Scenario -> arguments that make it take seconds (on top of --quick).
+SMALL = {
+    "peers": ["--messages", "2000"],
+    "latency": ["--seconds", "0.5", "--peak-cap", "4000"],
+    "memory": ["--messages", "3000"],
+    "longpoll": ["--pullers", "50", "--idle-s", "0.5", "--trickle-s", "0.5", "--rate", "20"],
+    "push": ["--messages", "1000"],
+    "cluster": ["--repeat", "1", "--latency-seconds", "1"],
+    "spark_sink": ["--sizes", "5000"],
+    "matrix": [
+        "--sweeps",
+        "base",
+        "--messages",
+        "2000",
+        "--ab",
+        ":pure",
+        "--latency-seconds",
+        "0.5",
+    ],
+    "pipeline": ["--messages", "300", "--rounds", "1"],
+    "sdk_submit": ["--messages", "2000", "--send-messages", "100"],
+    "sdk_transport": ["--messages", "500"],
+}
+
 
 def _scripts() -> list[str]:
     return sorted(
-        f"benchmarks.{m.name}"
+        m.name
         for m in pkgutil.iter_modules(benchmarks.__path__)
         if not m.name.startswith("_") and not m.ispkg
     )
 
 
-@pytest.mark.parametrize("module", _scripts())
-def test_benchmark_script_imports(module: str) -> None:
-    imported = importlib.import_module(module)
-    assert callable(getattr(imported, "main", None)), f"{module} has no main()"
+@pytest.mark.parametrize("name", _scripts())
+def test_benchmark_script_imports(name: str) -> None:
+    imported = importlib.import_module(f"benchmarks.{name}")
+    assert callable(getattr(imported, "main", None)), f"benchmarks.{name} has no main()"
 
 
 def test_the_harness_package_imports() -> None:
@@ -29,11 +62,31 @@ def test_the_harness_package_imports() -> None:
         importlib.import_module(f"benchmarks.harness.{m.name}")
 
 
-def test_the_engine_loop_delivers_every_message_once_and_says_how_it_ran() -> None:
-    from benchmarks.engine_loop import run_engine
-    from cproxy import _native
+def test_run_all_runs_what_the_page_lists() -> None:
+    """run_all.sh runs exactly the scenarios docs/benchmarks.md lists as its reproduction."""
+    script = (ROOT / "benchmarks" / "run_all.sh").read_text()
+    ran = [line.split()[1] for line in script.splitlines() if line.startswith("run ")]
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    for name in ran:
+        assert f"python -m benchmarks.{name} " in page, f"{name} runs but the page has no table"
+    assert sorted(ran) == sorted(set(ran))
 
-    out = run_engine(2_000, 100, 300)
-    assert out["delivered"] == 2_000
-    assert out["us_per_msg"] > 0
-    assert out["hot_path"] == _native.status()
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_scenario_runs_in_its_quick_mode(name: str, tmp_path: Path) -> None:
+    if name == "spark_sink" and importlib.util.find_spec("pyspark") is None:
+        pytest.skip("needs pyspark")
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--json", str(out), *SMALL[name]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "|---" in done.stdout, done.stdout  # a markdown table
+    assert f"python -m benchmarks.{name} --quick" in done.stdout  # its command, with the load
+    assert json.loads(out.read_text())["machine"]["logical_cores"] == os.cpu_count()

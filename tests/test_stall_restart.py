@@ -18,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.harness.ledger import (
+from benchmarks.harness.load import client, create_topic, put_group
+from benchmarks.harness.server import ServerProcess
+from tests.persisted_progress import PersistedProgress, read_progress
+from tests.stall_ledger import (
     GroupLedger,
     ProducedLog,
     pull_loop,
     steady_produce,
     wait_true,
 )
-from benchmarks.harness.load import client, create_topic, group_stats, put_group
-from benchmarks.harness.persisted import PersistedProgress, read_progress
-from benchmarks.harness.server import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -82,7 +82,7 @@ async def stall_run(
             pullers,
             DEADLINE_S,
         )
-        parked = int((await group_stats(admin, GROUP))["parked_keys"])
+        parked = int((await admin.get_group(GROUP))["stats"]["parked_keys"])
         stop.set()
         await asyncio.gather(*pullers)
     # A backlog nobody pulls before the restart.

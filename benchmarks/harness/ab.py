@@ -1,10 +1,7 @@
-"""A/B in one run: the same workload against servers from two source trees, interleaved.
-
-The machines are shared and noisy, so two versions are compared side by side in one run:
-every item (a matrix cell, ...) runs once per side per round, in the order A,B or B,A
-alternating from item to item and round to round, and the report gives medians per side and
-their ratio B/A. The load generator always comes from this tree; only the servers differ.
-"""
+"""A/B in one run: the machines are shared and noisy, so two versions of the server are
+compared side by side: every item (a matrix cell) runs once per side per round, in the order
+A,B or B,A alternating; the report gives medians per side and their ratio B/A. The load
+generator always comes from this tree; only the servers differ."""
 
 from __future__ import annotations
 

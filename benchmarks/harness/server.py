@@ -1,9 +1,12 @@
-"""The server under test: ``cproxy serve`` (uvicorn, SQLite store) in a subprocess on a free
-loopback port, started from this tree or from another git ref (for A/B runs)."""
+"""The servers under test, each a subprocess on a free loopback port: ``cproxy serve``
+(uvicorn, SQLite store) from this tree or from another git ref (for A/B runs), and the
+others it is compared with: Redis (``redis-server``), NATS (``nats-server``) and the floor
+(a bare uvicorn ASGI app, :mod:`.floor`)."""
 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -18,7 +21,11 @@ from pathlib import Path
 
 from benchmarks.harness.report import REPO, git_commit
 from consumer_sdk import NO_RETRY, Client, ClientError
+from cproxy import _native
 from cproxy._native import PURE_ENV
+
+#: What each peer needs here: (server binary, Python client module).
+PEER_NEEDS = {"redis": ("redis-server", "redis"), "nats": ("nats-server", "nats")}
 
 
 def free_port() -> int:
@@ -45,7 +52,8 @@ PURE_REF = ":pure"
 
 
 def this_tree(label: str = "A") -> Source:
-    return Source(label, REPO, git_commit(REPO))
+    compiled = _native.status() == "compiled"
+    return Source(label, REPO, git_commit(REPO) + ("" if compiled else " (from source)"))
 
 
 def this_tree_pure(label: str = "B") -> Source:
@@ -64,19 +72,20 @@ def tree_at(ref: str, label: str = "B") -> Iterator[Source]:
         check=True,
     )
     try:
-        build_native(tree)
-        yield Source(label, tree, git_commit(REPO, ref))
+        compiled = build_native(tree)
+        yield Source(label, tree, git_commit(REPO, ref) + ("" if compiled else " (from source)"))
     finally:
         subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_native(tree: Path) -> None:
+def build_native(tree: Path) -> bool:
     """Compile ``tree``'s hot path in place when it has one (``cproxy/_native.py``), as
     installing that tree would: a ref run from source would be measured ~2x slower than it
-    is. Falls back to source as its install would, with a warning on stderr."""
+    is. Falls back to source as its install would, with a warning on stderr (the report
+    names such a side "from source"). Needs setuptools >= 77 (the project's build-system)."""
     if not (tree / "cproxy" / "_native.py").exists():
-        return
+        return False
     print(f"compiling the hot path of {tree} (about a minute)", file=sys.stderr)
     done = subprocess.run(
         [sys.executable, "setup.py", "-q", "build_ext", "--inplace"],
@@ -89,6 +98,7 @@ def build_native(tree: Path) -> None:
     if done.returncode != 0:
         tail = done.stderr.strip().splitlines()[-1:] or ["no output"]
         print(f"warning: compiling {tree} failed ({tail[0]}); it runs from source", file=sys.stderr)
+    return done.returncode == 0
 
 
 class ServerProcess:
@@ -156,14 +166,8 @@ class ServerProcess:
         return self.proc.pid
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+        if self.proc is not None:
+            _stop(self.proc)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-5000:] if self.log_path.exists() else ""
@@ -203,3 +207,72 @@ def servers(
             yield [stack.enter_context(running(root, s.label, s, config_toml)) for s in sources]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def nats_binary() -> str | None:
+    local = Path(sys.executable).parent / "nats-server"
+    return str(local) if local.exists() else shutil.which("nats-server")
+
+
+def missing(kind: str) -> str | None:
+    """Why the peer ``kind`` (redis, nats) cannot run here, or None."""
+    binary, module = PEER_NEEDS[kind]
+    if (nats_binary() if kind == "nats" else shutil.which(binary)) is None:
+        return f"{binary} not found"
+    if importlib.util.find_spec(module) is None:
+        return f"the {module} client is not installed (pip install 'cproxy-ordered[bench]')"
+    return None
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def peer_process(kind: str, data: Path) -> Iterator[tuple[str, int]]:
+    """A fresh ``redis``, ``nats`` or ``floor`` server keeping its files in ``data``:
+    (address, pid). Redis keeps an AOF with ``appendfsync everysec`` (like SQLite's
+    ``synchronous=normal``: durable against a process crash); JetStream keeps files."""
+    data.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    if kind == "redis":
+        cmd = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data)]
+        cmd += ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+        address = f"127.0.0.1:{port}"
+    elif kind == "nats":
+        cmd = [str(nats_binary()), "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(data)]
+        address = f"nats://127.0.0.1:{port}"
+    else:
+        cmd = [sys.executable, "-m", "uvicorn", "benchmarks.harness.floor:app", "--port"]
+        cmd += [str(port), "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+        cmd += ["--log-level", "warning"]
+        address = f"http://127.0.0.1:{port}"
+    with (data.parent / f"{data.name}.log").open("ab") as out:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+        }
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    try:
+        _wait_port(port, proc)
+        yield address, proc.pid
+    finally:
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (a cproxy cluster member hands its queues over), SIGKILL after 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

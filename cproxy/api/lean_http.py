@@ -2,7 +2,7 @@
 
 At batch 10 a produce or a pull carries ten messages, and uvicorn's ASGI cycle per request
 (a scope, a ``RequestResponseCycle``, ``receive`` and ``send`` messages, two socket writes)
-was about a quarter of the server's CPU (docs/benchmarks.md, round 8). ``LeanHttpProtocol``
+was about a quarter of the server's CPU (old journal, round 8). ``LeanHttpProtocol``
 is uvicorn's httptools protocol with one change: a request the route table knows
 (``endpoint.RouteTable``: the router's own routes) gets a ``LeanCycle``, which hands the
 parsed headers and body to the endpoint's ``respond`` (the same prologue and answers as

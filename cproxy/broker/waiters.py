@@ -50,7 +50,7 @@ def expiry(now: float, timeout_s: float) -> float:
     Why: the long polls that expire within the same 50 ms then end in one turn of the event
     loop, on one wake-up, and their clients' next pulls tend to arrive together too. Waking
     an idle process costs 40-80 µs of CPU on a small VM, as much as the rest of an expiring
-    poll; 5,000 pulls of 30 s expire ~170 times a second (docs/benchmarks.md, issue 13).
+    poll; 5,000 pulls of 30 s expire ~170 times a second (old journal).
     """
     grid = min(EXPIRY_GRID_S, timeout_s / 20)
     deadline = now + timeout_s

@@ -18,7 +18,7 @@ only when a write transaction *begins* on a fully checkpointed WAL, and under st
 frames are committed while every pass runs. So the WAL grew to ``FALLBACK_PAGES``, and the
 writer's own checkpoint then copied up to a pass interval's frames inside a produce's
 COMMIT: 8-15 ms with the event loop stopped, every ~1.5 s at 27k msgs/s, which was the
-produce-to-delivery p99 on a disk-backed data dir (docs/benchmarks.md, round 8). Now, once a
+produce-to-delivery p99 on a disk-backed data dir (old journal, round 8). Now, once a
 pass found the WAL over ``RESTART_FRAMES``, ``on_long_wal`` asks the writer to checkpoint
 the few frames committed since, just before its next BEGIN (``Transactions``), and that
 transaction starts the WAL over.

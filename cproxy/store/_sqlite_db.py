@@ -35,7 +35,7 @@ T = TypeVar("T")
 # so with small produce batches the page size sets the bytes per commit. A record batch of up
 # to ~4 KB stays in its leaf page (schema 4's rowid table), larger ones continue on overflow
 # pages; 16 KiB pages (chosen when a row held one message) made appends 1.2-1.4x slower
-# (benchmarks/store_raw.py, docs/benchmarks.md). New files only.
+# (benchmarks/store_raw.py and the old journal, both at 9a646a6 in git history). New files only.
 PAGE_SIZE = 4096
 CACHE_KIB = 32 * 1024
 MMAP_BYTES = 256 * 1024 * 1024

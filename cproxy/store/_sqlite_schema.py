@@ -53,7 +53,7 @@ _V3_TABLES = (
 #: so its interior pages hold copies of entire rows, blobs included: with rows of a kilobyte
 #: or more, every commit of 8 queues' rows rewrote ~31 pages. A rowid table keeps the blobs in
 #: its leaves (interior pages hold rowids) and the index entries are a few bytes: ~15 pages
-#: per such commit, appends ~1.5x cheaper (docs/benchmarks.md, store format).
+#: per such commit, appends ~1.5x cheaper (old journal).
 _BATCHES = (
     """CREATE TABLE batches (
         tid INTEGER NOT NULL, qid INTEGER NOT NULL, base INTEGER NOT NULL,

@@ -8,7 +8,7 @@ together: the next batch runs all of them (up to ``MAX_BATCH_WEIGHT`` messages) 
 transaction (``_sqlite_tx``: how a batch commits or fails write by write). A leader that finds
 itself alone first lets a few loop turns pass (``GATHER_TURNS``) so that requests whose bytes
 have already arrived join it: with small produce calls this more than halves the COMMITs
-(docs/benchmarks.md, round 7). Batches run in queue order (FIFO).
+(old journal, round 7). Batches run in queue order (FIFO).
 
 There is no background task (a store has no task group to own one): the caller whose write is
 at the head of the queue leads. It runs one batch, then hands the lead to

@@ -1,5 +1,6 @@
-"""A steady producer and pullers that keep a ledger of what was stored, delivered and acked,
-so a run can check across a server restart that nothing acked is replayed and nothing is lost.
+"""Support for tests/test_stall_restart.py: a steady producer and pullers that keep a ledger
+of what was stored, delivered and acked, so a run can check across a server restart that
+nothing acked is replayed and nothing is lost.
 
 Message ``i`` has key ``k{i % keys}`` and body ``{"k": i % keys, "s": i // keys, "p": pad}``
 (as in :mod:`.load`). A key *stalls* when ``stalled(key index)`` is true: its messages are
