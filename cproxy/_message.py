@@ -1,5 +1,5 @@
 # cproxy: compiled (mypyc), see cproxy/_native.py
-"""``Message`` and ``NewMessage``, in a module of their own so that mypyc compiles them
+"""``Record`` and ``NewMessage``, in a module of their own so that mypyc compiles them
 (``cproxy/_native.py``): the compiled engine, produce path and store read their fields several
 times per message, and a native class's fields are read directly instead of through Python's
 attribute lookup. ``cproxy.model`` re-exports them; import them from there.
@@ -16,7 +16,7 @@ MessageRef = tuple[str, int, int]
 
 
 @dataclass(slots=True)
-class Message:
+class Record:
     """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
 
     topic: str
@@ -78,7 +78,7 @@ class NewMessage:
     #: layer computes it from ``delay_ms`` with the broker's clock.
     deliver_at_ms: int | None = None
 
-    # Written out for the same reason as ``Message.__init__``.
+    # Written out for the same reason as ``Record.__init__``.
     def __init__(
         self,
         key: str | None,

@@ -25,11 +25,11 @@ from cproxy.engine.snapshots import GroupStats, Outcome
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, StoreError, TopicInUse
 from cproxy.model import (
     AppendResult,
-    Message,
     MessageRef,
     NewMessage,
     QueueRef,
     QueueStats,
+    Record,
     TopicInfo,
 )
 from cproxy.store.base import Store
@@ -40,7 +40,7 @@ from .health import WriteHealth
 from .hosting import QueueHosting
 from .lease import ClusterLease
 from .operator_actions import OperatorActions
-from .runner import GroupRunner, PullResult
+from .runner import GroupRunner, Pulled
 from .topics import Retention, Topics, retention_of
 from .views import GroupSummary, GroupView
 from .waiters import WatchGone
@@ -317,7 +317,7 @@ class Broker:
 
     def _stored(self, topic: str, results: Sequence[AppendResult]) -> None:
         """Messages were stored: hand them to the groups that read ``topic``."""
-        stored: dict[int, list[Message]] = {}
+        stored: dict[int, list[Record]] = {}
         for result in results:
             message = result.message
             if message is not None:  # not a duplicate
@@ -437,7 +437,7 @@ class Broker:
         max_per_key: int = 1,
         gone: WatchGone | None = None,
         consumer: str | None = None,
-    ) -> PullResult:
+    ) -> Pulled:
         """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
 
         ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone`` tells
