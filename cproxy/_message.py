@@ -74,9 +74,12 @@ class NewMessage:
     headers_json: bytes | None = None
     id: str | None = None
     qid: int | None = None
-    #: Not delivered before this time (ms since the epoch); None: not delayed. The HTTP
-    #: layer computes it from ``delay_ms`` with the broker's clock.
+    #: Not delivered before this time (ms since the epoch); None: not delayed. The broker
+    #: sets it from ``delay_ms`` with its clock.
     deliver_at_ms: int | None = None
+    #: Not delivered before this many ms after it is stored, as the producer asked (never
+    #: with ``deliver_at_ms``); the broker turns it into ``deliver_at_ms``.
+    delay_ms: int | None = None
 
     # Written out for the same reason as ``Record.__init__``.
     def __init__(
@@ -87,6 +90,7 @@ class NewMessage:
         id: str | None = None,
         qid: int | None = None,
         deliver_at_ms: int | None = None,
+        delay_ms: int | None = None,
     ) -> None:
         self.key = key
         self.body_json = body_json
@@ -94,3 +98,4 @@ class NewMessage:
         self.id = id
         self.qid = qid
         self.deliver_at_ms = deliver_at_ms
+        self.delay_ms = delay_ms

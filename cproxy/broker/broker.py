@@ -49,12 +49,10 @@ logger = logging.getLogger(__name__)
 
 
 class Output(NamedTuple):
-    """Messages an ack stores with its results (``Broker.ack_with_outputs``): one topic's,
-    with each one's ``delay_ms`` as for ``produce``."""
+    """Messages an ack stores with its results (``Broker.ack_with_outputs``): one topic's."""
 
     topic: str
     messages: Sequence[NewMessage]
-    delays_ms: Sequence[int | None] | None = None
 
 
 class Broker:
@@ -281,19 +279,18 @@ class Broker:
         self,
         topic: str,
         messages: Sequence[NewMessage],
-        delays_ms: Sequence[int | None] | None = None,
     ) -> list[AppendResult]:
         """Store ``messages`` atomically and wake the groups that read ``topic``.
 
         A message without a ``qid`` gets one here, in place: by key, else round robin.
-        ``delays_ms`` (per message, or None) sets ``deliver_at_ms`` from this clock, in place.
+        A message's ``delay_ms`` sets its ``deliver_at_ms`` from this clock, in place.
         A message due more than ``limits.max_delay_ms`` from now is refused (InvalidRequest).
         """
         self._check_open()
         if self.owned is not None:
             await self.hosting.know_topic(topic)
         now = now_ms()
-        self._place(topic, messages, delays_ms, now)
+        self._place(topic, messages, now)
         try:
             results = await self.store.append(topic, messages, now, self.settings.dedup_window_ms)
         except StoreError:
@@ -307,12 +304,11 @@ class Broker:
         self,
         topic: str,
         messages: Sequence[NewMessage],
-        delays_ms: Sequence[int | None] | None,
         now: int,
     ) -> None:
         """Check and place messages to produce (the rules of every produce path); in
         cluster mode the caller has made sure this proxy knows the topic (``know_topic``)."""
-        check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
+        check_delays(messages, now, self.settings.limits.max_delay_ms)
         self._topics.place(topic, messages)
 
     def _stored(self, topic: str, results: Sequence[AppendResult]) -> None:
@@ -505,7 +501,7 @@ class Broker:
         for out in outputs:
             if self.owned is not None:
                 await self.hosting.know_topic(out.topic)
-            self._place(out.topic, out.messages, out.delays_ms, now)
+            self._place(out.topic, out.messages, now)
         appends = [(out.topic, out.messages) for out in outputs]
         try:
             outcome, stored = await runner.apply_with(
