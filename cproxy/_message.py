@@ -17,7 +17,10 @@ MessageRef = tuple[str, int, int]
 
 @dataclass(slots=True)
 class Record:
-    """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
+    """A stored message: what a store keeps per message (on disk one MessagePack record,
+    ``store/_records.py``), and what the engine holds and hands out. ``body_json`` is the
+    UTF-8 JSON encoding of the body. Not the SDK's ``Message``, which is one delivery of it
+    to a consumer (docs/architecture.md, "One message through the system")."""
 
     topic: str
     qid: int

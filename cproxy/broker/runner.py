@@ -56,9 +56,10 @@ logger = logging.getLogger(__name__)
 
 
 class Pulled(NamedTuple):
-    """Messages handed out by a pull, and what the results sent with it did. A named
-    tuple: one is made per pull, and a frozen dataclass's ``__init__`` costs ~1 % of the
-    server's CPU at batch 10."""
+    """Messages handed out by a pull, and what the results sent with it did (the SDK's
+    ``PullResult`` is the decoded answer on the consumer's side). A named tuple: one is
+    made per pull, and a frozen dataclass's ``__init__`` costs ~1 % of the server's CPU at
+    batch 10."""
 
     deliveries: list[Handout]
     applied: int

@@ -13,7 +13,8 @@ from cproxy.model import MessageRef, Record
 
 @dataclass(slots=True, unsafe_hash=True)
 class Handout:
-    """One message handed out to a consumer: ``attempt`` numbers its deliveries (1 for the
+    """One hand-out of a stored message to a consumer (the SDK's ``Delivery`` is the
+    consumer's own record of one): ``attempt`` numbers its deliveries (1 for the
     first delivery of a fresh message; every hand-out gets the next number, never reused),
     ``charged`` counts those that failed or timed out (what ``max_attempts`` counts).
     Treat it as read-only.
