@@ -1,5 +1,5 @@
 # cproxy: compiled (mypyc), see cproxy/_native.py
-"""``Message`` and ``NewMessage``, in a module of their own so that mypyc compiles them
+"""``Record`` and ``NewMessage``, in a module of their own so that mypyc compiles them
 (``cproxy/_native.py``): the compiled engine, produce path and store read their fields several
 times per message, and a native class's fields are read directly instead of through Python's
 attribute lookup. ``cproxy.model`` re-exports them; import them from there.
@@ -16,8 +16,11 @@ MessageRef = tuple[str, int, int]
 
 
 @dataclass(slots=True)
-class Message:
-    """A stored message. ``body_json`` is the UTF-8 JSON encoding of the body."""
+class Record:
+    """A stored message: what a store keeps per message (on disk one MessagePack record,
+    ``store/_records.py``), and what the engine holds and hands out. ``body_json`` is the
+    UTF-8 JSON encoding of the body. Not the SDK's ``Message``, which is one delivery of it
+    to a consumer (docs/architecture.md, "One message through the system")."""
 
     topic: str
     qid: int
@@ -74,11 +77,14 @@ class NewMessage:
     headers_json: bytes | None = None
     id: str | None = None
     qid: int | None = None
-    #: Not delivered before this time (ms since the epoch); None: not delayed. The HTTP
-    #: layer computes it from ``delay_ms`` with the broker's clock.
+    #: Not delivered before this time (ms since the epoch); None: not delayed. The broker
+    #: sets it from ``delay_ms`` with its clock.
     deliver_at_ms: int | None = None
+    #: Not delivered before this many ms after it is stored, as the producer asked (never
+    #: with ``deliver_at_ms``); the broker turns it into ``deliver_at_ms``.
+    delay_ms: int | None = None
 
-    # Written out for the same reason as ``Message.__init__``.
+    # Written out for the same reason as ``Record.__init__``.
     def __init__(
         self,
         key: str | None,
@@ -87,6 +93,7 @@ class NewMessage:
         id: str | None = None,
         qid: int | None = None,
         deliver_at_ms: int | None = None,
+        delay_ms: int | None = None,
     ) -> None:
         self.key = key
         self.body_json = body_json
@@ -94,3 +101,4 @@ class NewMessage:
         self.id = id
         self.qid = qid
         self.deliver_at_ms = deliver_at_ms
+        self.delay_ms = delay_ms

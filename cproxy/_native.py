@@ -1,6 +1,6 @@
 """The compiled core: the hot path compiled with mypyc, and when the compiled modules are used.
 
-``setup.py`` compiles the modules in ``MODULES`` (the engine, ``Message``, the append plan,
+``setup.py`` compiles the modules in ``MODULES`` (the engine, ``Record``, the append plan,
 record batches, produce checks, queue placement: pure, strictly typed Python) into C extensions
 with mypyc when cproxy is installed and a C compiler is there; without one the install is pure
 Python (one warning line), and nothing else changes. ``describe()`` says which runs (``cproxy
@@ -27,7 +27,7 @@ Writing for the compiler: module-level constants that hot code reads are ``Final
 inlines literals and keeps other objects in C statics, where a plain global is a dict lookup
 on every read; the states of ``engine/work.py`` are ``Final`` names defined there once, also
 five times faster than ``State.READY`` interpreted), and the classes that are read per message
-are native (``Message`` lives in ``cproxy/_message.py`` for that reason). One record idiom: a
+are native (``Record`` lives in ``cproxy/_message.py`` for that reason). One record idiom: a
 slotted ``dataclass``, with its ``__init__`` written out when one is built per message (the
 generated one is interpreted even in a compiled class: 1,000 six-field records, 38 µs
 compiled against 250 µs generated, 150 µs for a named tuple's ``tuple.__new__``; interpreted

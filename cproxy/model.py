@@ -4,14 +4,14 @@ Message bodies and headers travel as already-encoded JSON bytes: the proxy almos
 to look inside them (only a JSON-path ``order_by`` does), so decoding and re-encoding them on
 every hop would be wasted work. The HTTP layer embeds them verbatim with ``orjson.Fragment``.
 
-``Message``, ``NewMessage`` and ``AppendResult`` are built once per message on the hot path, so
-they are cheap to build. ``Message`` and ``NewMessage`` (``cproxy._message``) are slotted
+``Record``, ``NewMessage`` and ``AppendResult`` are built once per message on the hot path, so
+they are cheap to build. ``Record`` and ``NewMessage`` (``cproxy._message``) are slotted
 dataclasses that mypyc compiles, their ``__init__`` included (``cproxy/_native.py``): the
 compiled produce path, placement and append plan read a ``NewMessage``'s fields about ten
 times per message, each a direct field read instead of an attribute lookup. ``AppendResult``
 is a msgspec ``Struct``, built by C code for a third of what a dataclass-generated
 ``__init__`` costs (~60 ns against ~200 ns), with the same fields, positional and keyword
-construction, equality and ``repr``; ``gc=False``: it holds only numbers and a ``Message``, so
+construction, equality and ``repr``; ``gc=False``: it holds only numbers and a ``Record``, so
 it can never be part of a reference cycle, and untracked objects do not count towards the
 cyclic collector's allocation threshold. Treat all three as immutable all the same
 (``NewMessage.qid`` aside, which the broker fills in).
@@ -25,12 +25,13 @@ from typing import Any
 import msgspec
 import orjson
 
-# Re-exported (the "X as X" form is what strict mypy reads as a re-export): ``Message`` and
-# ``NewMessage`` live in their own module only so that mypyc compiles them.
-from cproxy._message import Message as Message  # noqa: PLC0414
 from cproxy._message import MessageRef as MessageRef  # noqa: PLC0414
 from cproxy._message import NewMessage as NewMessage  # noqa: PLC0414
 from cproxy._message import QueueRef as QueueRef  # noqa: PLC0414
+
+# Re-exported (the "X as X" form is what strict mypy reads as a re-export): ``Record`` and
+# ``NewMessage`` live in their own module only so that mypyc compiles them.
+from cproxy._message import Record as Record  # noqa: PLC0414
 
 
 class AppendResult(msgspec.Struct, gc=False, eq=False):
@@ -40,9 +41,9 @@ class AppendResult(msgspec.Struct, gc=False, eq=False):
     #: When the stored message was produced (the original's, for a duplicate). Not part of
     #: equality: two results are the same when they name the same stored message.
     produced_at_ms: int = 0
-    #: The ``Message`` as stored, so the broker can hand it to groups without rebuilding it;
+    #: The ``Record`` as stored, so the broker can hand it to groups without rebuilding it;
     #: ``None`` for a duplicate (the original is not read back). Not part of equality.
-    message: Message | None = None
+    message: Record | None = None
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, AppendResult):
@@ -144,7 +145,7 @@ class QueueProgress:
 @dataclass(frozen=True, slots=True)
 class DeadLetter:
     group: str
-    message: Message
+    message: Record
     attempts: int
     last_error: str | None
     dead_lettered_at_ms: int

@@ -70,7 +70,7 @@ async def _ack_produce(call: Call[Ack, None], produce: list[OutTopic]) -> bytes:
         call.authorizer.check(call.token, "produce", [out.topic])
     limits = call.state.settings.limits
     check_count(sum(len(out.messages) for out in produce), limits)
-    outputs = [Output(out.topic, *new_messages(out.messages, limits, call.raw)) for out in produce]
+    outputs = [Output(out.topic, new_messages(out.messages, limits, call.raw)) for out in produce]
     results = items.results(call.body.results)
     outcome, stored = await call.broker.ack_with_outputs(call.params["group"], results, outputs)
     return wire.ack_produced(outcome, [out.topic for out in outputs], stored)

@@ -4,7 +4,7 @@
 A pull answer walks one item per delivered message, and a pull or ack with results one per
 acked message. Interpreted, those loops cost more than the msgspec calls they feed: every
 item is an interpreted iteration and every ``m.field`` an attribute lookup. Compiled, reading
-a field of a native ``Message`` is a C struct access. (The produce answer's loop stays in
+a field of a native ``Record`` is a C struct access. (The produce answer's loop stays in
 ``wire.py``: it reads ``AppendResult``, a ``Struct``, whose fields compiled code reads with
 generic lookups, slower than the interpreter's.) The msgspec ``Struct``s they build are
 defined in modules mypyc leaves alone (``bodies``, ``cproxy.broker.message_json``): compiled
@@ -18,14 +18,14 @@ from typing import Final, cast
 
 import msgspec
 
-from cproxy.broker import Delivered, Delivery, Result
+from cproxy.broker import Delivered, Handout, Result
 
 from .bodies import AckItem, FailItem, QueueResults
 
 _RAW_NULL: Final = msgspec.Raw(b"null")
 
 
-def delivered(items: Sequence[Delivery], runs: bool) -> list[Delivered]:
+def delivered(items: Sequence[Handout], runs: bool) -> list[Delivered]:
     """The messages of a pull answer (``message_json.delivery_json`` as ``Struct``s): the
     group's transform of the body when it has one; ``run`` only with ``runs``."""
     raw = msgspec.Raw

@@ -111,10 +111,10 @@ def check_count(count: int, limits: Limits) -> None:
 
 def new_messages(
     messages: Sequence[OutMessage], limits: Limits, request: bytes
-) -> tuple[list[NewMessage], list[int | None] | None]:
-    """``NewMessage``s for the broker from the decoded ``request``, and each one's
-    ``delay_ms`` (None when no message has one: the broker turns delays into
-    ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over ``max_message_bytes``
+) -> list[NewMessage]:
+    """``NewMessage``s for the broker from the decoded ``request`` (the broker turns a
+    ``delay_ms`` into ``deliver_at_ms`` with its clock). ``TooLarge`` (413) for one over
+    ``max_message_bytes``
     (body, headers, key and id in UTF-8 bytes); ``InvalidRequest`` for one with both
     ``delay_ms`` and ``deliver_at_ms``."""
     plain_request = plain(request)
@@ -125,19 +125,20 @@ def new_messages(
     # in UTF-8 (headers re-encoded compactly) as in the JSON text they were sent in.
     as_sent = plain_request and len(request) <= limits.max_message_bytes
     items = []
-    delays: list[int | None] | None = None
     for i, m in enumerate(messages):
-        # One C call for all fields: compiled, each ``m.field`` is a generic attribute lookup.
+        # Reading the decoded ``OutMessage``, not a shape of its own: one C call for all
+        # fields, as compiled each ``m.field`` is a generic attribute lookup (a Struct is not
+        # a native class).
         key, body, headers, id_, qid, delay_ms, deliver_at_ms = _astuple(m)
         headers_json = orjson.dumps(headers) if headers else None
         body_json = bytes(body)
         if not (as_sent and _shallow(body_json)):
             body_json = stored_body(body_json, i, plain_request)
             _check_size(i, m, body_json, headers_json, limits.max_message_bytes)
-        items.append(NewMessage(key, body_json, headers_json, id_, qid, deliver_at_ms))
-        if delay_ms is not None:
-            delays = _delay(delays, i, m, len(messages))
-    return items, delays
+        if delay_ms is not None and deliver_at_ms is not None:
+            raise InvalidRequest(f"messages[{i}] has both delay_ms and deliver_at_ms; give one")
+        items.append(NewMessage(key, body_json, headers_json, id_, qid, deliver_at_ms, delay_ms))
+    return items
 
 
 def _check_size(
@@ -153,15 +154,3 @@ def _check_size(
         size += len(m.id.encode())
     if size > limit:
         raise TooLarge(f"messages[{index}] is {size} bytes; the limit is {limit}")
-
-
-def _delay(
-    delays: list[int | None] | None, index: int, m: OutMessage, count: int
-) -> list[int | None] | None:
-    """``delays`` with ``m.delay_ms`` (not None) at ``index`` (created on the first delayed
-    message)."""
-    if m.deliver_at_ms is not None:
-        raise InvalidRequest(f"messages[{index}] has both delay_ms and deliver_at_ms; give one")
-    delays = delays or [None] * count
-    delays[index] = m.delay_ms
-    return delays

@@ -18,8 +18,8 @@ from .produced import check_count, new_messages
 async def produce(call: Call[Produce, None]) -> bytes:
     limits = call.state.settings.limits
     check_count(len(call.body.messages), limits)
-    messages, delays = new_messages(call.body.messages, limits, call.raw)
-    stored = await call.broker.produce(call.params["topic"], messages, delays)
+    messages = new_messages(call.body.messages, limits, call.raw)
+    stored = await call.broker.produce(call.params["topic"], messages)
     return wire.produce_answer(stored)
 
 

@@ -20,11 +20,11 @@ from cproxy.broker import (
     GroupSummary,
     GroupView,
     Outcome,
-    PullResult,
+    Pulled,
     PushStats,
     message_json,
 )
-from cproxy.model import AppendResult, DeadLetter, Message, MessageRef, QueueStats, TopicInfo
+from cproxy.model import AppendResult, DeadLetter, MessageRef, QueueStats, Record, TopicInfo
 
 from . import items
 
@@ -55,13 +55,13 @@ def topic_detail(info: TopicInfo, stats: Sequence[QueueStats]) -> dict[str, Any]
     }
 
 
-def browsed(topic_name: str, qid: int, rows: Sequence[Message], next_offset: int) -> dict[str, Any]:
+def browsed(topic_name: str, qid: int, rows: Sequence[Record], next_offset: int) -> dict[str, Any]:
     """Stored messages read without a group, and the offset to continue from."""
     out = [_stored(m, deliver_at_ms=m.deliver_at_ms) for m in rows]
     return {"topic": topic_name, "qid": qid, "messages": out, "next": next_offset}
 
 
-def _stored(m: Message, **extra: Any) -> dict[str, Any]:
+def _stored(m: Record, **extra: Any) -> dict[str, Any]:
     """A stored message as every answer but a pull shows it (``answers.StoredMessage``)."""
     return {**message_json(m), "id": m.id, "produced_at_ms": m.produced_at_ms, **extra}
 
@@ -107,7 +107,7 @@ def ack_produced(
     return _encode({**outcome(o), "produced": produced})
 
 
-def pull_answer(r: PullResult, runs: bool = False) -> bytes:
+def pull_answer(r: Pulled, runs: bool = False) -> bytes:
     """``{"messages": [delivery_json(d, runs), ...], "results": outcome}`` as bytes; with
     ``runs`` (``max_per_key`` > 1) each message names its run's first position. The messages
     are encoded from ``Struct``s (``items.delivered``): the same JSON, cheaper per message."""

@@ -7,12 +7,12 @@ engine's modules.
 
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
+from cproxy.engine.snapshots import BlockedKey, GroupStats, Handout, Outcome
 
 from .broker import Broker, Output
 from .message_json import Delivered, delivery_json, message_json
 from .push import PushStats
-from .runner import PullResult
+from .runner import Pulled
 from .topics import SeekTarget
 from .views import GroupSummary, GroupView
 from .waiters import WatchGone, watch_with_task
@@ -21,14 +21,14 @@ __all__ = [
     "BlockedKey",
     "Broker",
     "Delivered",
-    "Delivery",
     "GroupConfig",
     "GroupStats",
     "GroupSummary",
     "GroupView",
+    "Handout",
     "Outcome",
     "Output",
-    "PullResult",
+    "Pulled",
     "PushStats",
     "Result",
     "SeekTarget",

@@ -25,11 +25,11 @@ from cproxy.engine.snapshots import GroupStats, Outcome
 from cproxy.errors import GroupNotFound, InvalidRequest, ShuttingDown, StoreError, TopicInUse
 from cproxy.model import (
     AppendResult,
-    Message,
     MessageRef,
     NewMessage,
     QueueRef,
     QueueStats,
+    Record,
     TopicInfo,
 )
 from cproxy.store.base import Store
@@ -40,7 +40,7 @@ from .health import WriteHealth
 from .hosting import QueueHosting
 from .lease import ClusterLease
 from .operator_actions import OperatorActions
-from .runner import GroupRunner, PullResult
+from .runner import GroupRunner, Pulled
 from .topics import Retention, Topics, retention_of
 from .views import GroupSummary, GroupView
 from .waiters import WatchGone
@@ -49,12 +49,10 @@ logger = logging.getLogger(__name__)
 
 
 class Output(NamedTuple):
-    """Messages an ack stores with its results (``Broker.ack_with_outputs``): one topic's,
-    with each one's ``delay_ms`` as for ``produce``."""
+    """Messages an ack stores with its results (``Broker.ack_with_outputs``): one topic's."""
 
     topic: str
     messages: Sequence[NewMessage]
-    delays_ms: Sequence[int | None] | None = None
 
 
 class Broker:
@@ -281,19 +279,18 @@ class Broker:
         self,
         topic: str,
         messages: Sequence[NewMessage],
-        delays_ms: Sequence[int | None] | None = None,
     ) -> list[AppendResult]:
         """Store ``messages`` atomically and wake the groups that read ``topic``.
 
         A message without a ``qid`` gets one here, in place: by key, else round robin.
-        ``delays_ms`` (per message, or None) sets ``deliver_at_ms`` from this clock, in place.
+        A message's ``delay_ms`` sets its ``deliver_at_ms`` from this clock, in place.
         A message due more than ``limits.max_delay_ms`` from now is refused (InvalidRequest).
         """
         self._check_open()
         if self.owned is not None:
             await self.hosting.know_topic(topic)
         now = now_ms()
-        self._place(topic, messages, delays_ms, now)
+        self._place(topic, messages, now)
         try:
             results = await self.store.append(topic, messages, now, self.settings.dedup_window_ms)
         except StoreError:
@@ -307,17 +304,16 @@ class Broker:
         self,
         topic: str,
         messages: Sequence[NewMessage],
-        delays_ms: Sequence[int | None] | None,
         now: int,
     ) -> None:
         """Check and place messages to produce (the rules of every produce path); in
         cluster mode the caller has made sure this proxy knows the topic (``know_topic``)."""
-        check_delays(messages, delays_ms, now, self.settings.limits.max_delay_ms)
+        check_delays(messages, now, self.settings.limits.max_delay_ms)
         self._topics.place(topic, messages)
 
     def _stored(self, topic: str, results: Sequence[AppendResult]) -> None:
         """Messages were stored: hand them to the groups that read ``topic``."""
-        stored: dict[int, list[Message]] = {}
+        stored: dict[int, list[Record]] = {}
         for result in results:
             message = result.message
             if message is not None:  # not a duplicate
@@ -437,7 +433,7 @@ class Broker:
         max_per_key: int = 1,
         gone: WatchGone | None = None,
         consumer: str | None = None,
-    ) -> PullResult:
+    ) -> Pulled:
         """Apply ``results``, then hand out up to ``max_messages`` (long poll up to ``wait_ms``).
 
         ``max_per_key`` > 1 allows same-key runs (see ``GroupEngine.pull``). ``gone`` tells
@@ -505,7 +501,7 @@ class Broker:
         for out in outputs:
             if self.owned is not None:
                 await self.hosting.know_topic(out.topic)
-            self._place(out.topic, out.messages, out.delays_ms, now)
+            self._place(out.topic, out.messages, now)
         appends = [(out.topic, out.messages) for out in outputs]
         try:
             outcome, stored = await runner.apply_with(

@@ -11,19 +11,14 @@ from cproxy.errors import InvalidRequest
 from cproxy.model import NewMessage
 
 
-def check_delays(
-    messages: Sequence[NewMessage],
-    delays_ms: Sequence[int | None] | None,
-    now_ms: int,
-    max_delay_ms: int,
-) -> None:
-    """Set ``deliver_at_ms = now_ms + delay`` (in place) for each message given a delay, and
+def check_delays(messages: Sequence[NewMessage], now_ms: int, max_delay_ms: int) -> None:
+    """Set ``deliver_at_ms = now_ms + delay_ms`` (in place) for each message given a delay, and
     refuse (``InvalidRequest``, a 422) a message due more than ``max_delay_ms`` from now.
 
     A ``deliver_at_ms`` in the past is kept as it is: it means no delay.
     """
     for i, message in enumerate(messages):
-        delay = delays_ms[i] if delays_ms is not None else None
+        delay = message.delay_ms
         if delay is not None:
             if delay > max_delay_ms:
                 raise InvalidRequest(

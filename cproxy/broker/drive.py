@@ -13,7 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from cproxy.engine.cursor import FetchRequest
 from cproxy.engine.group import GroupEngine
-from cproxy.model import Message
+from cproxy.model import Record
 
 
 class LogReader(Protocol):
@@ -21,7 +21,7 @@ class LogReader(Protocol):
 
     async def read(
         self, topic: str, qid: int, from_offset: int, max_count: int
-    ) -> Sequence[Message]: ...
+    ) -> Sequence[Record]: ...
 
 
 @runtime_checkable
@@ -30,7 +30,7 @@ class ManyReader(Protocol):
 
     async def read_many(
         self, topic: str, wants: Sequence[tuple[int, int, int]]
-    ) -> Sequence[Sequence[Message]]: ...
+    ) -> Sequence[Sequence[Record]]: ...
 
 
 async def fetch_round(engine: GroupEngine, log: LogReader, now_ms: int) -> int:

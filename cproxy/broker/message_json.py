@@ -18,13 +18,13 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from cproxy.engine.snapshots import Delivery
-from cproxy.model import Message
+from cproxy.engine.snapshots import Handout
+from cproxy.model import Record
 
 _NULL: Final = orjson.Fragment(b"null")
 
 
-def message_json(m: Message) -> dict[str, Any]:
+def message_json(m: Record) -> dict[str, Any]:
     """A stored message: topic, qid, offset, key, body and headers (null when absent)."""
     return {
         "topic": m.topic,
@@ -36,7 +36,7 @@ def message_json(m: Message) -> dict[str, Any]:
     }
 
 
-def delivery_json(d: Delivery, runs: bool = False) -> dict[str, Any]:
+def delivery_json(d: Handout, runs: bool = False) -> dict[str, Any]:
     """A delivered message plus ``attempt`` (the delivery number), ``charged_attempts`` (the
     charged deliveries before it) and ``produced_at_ms``; with ``runs`` also
     ``run`` (the position of its same-key run's first message in the same answer)."""

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 
 from cproxy.engine.snapshots import BlockedKey
 from cproxy.errors import InvalidRequest
-from cproxy.model import DeadLetter, Message, MessageRef
+from cproxy.model import DeadLetter, MessageRef, Record
 from cproxy.placement import queue_for_key
 
 from .clock import now_ms
@@ -165,7 +165,7 @@ class OperatorActions:
         from_ms: int | None = None,
         last: int | None = None,
         limit: int = 50,
-    ) -> tuple[int, list[Message], int]:
+    ) -> tuple[int, list[Record], int]:
         """Stored messages of one queue without any group, attempt or hold: ``(qid,
         messages, next offset)`` (``Topics.browse``)."""
         self._check_open()

@@ -37,7 +37,7 @@ from anyio.abc import TaskGroup
 
 from cproxy.engine.push_config import PushConfig
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery, Outcome
+from cproxy.engine.snapshots import Handout, Outcome
 from cproxy.model import MessageRef
 from cproxy.push_targets import PushTargets
 
@@ -82,10 +82,10 @@ def trace_headers(headers_json: bytes | None) -> dict[str, str]:
 
 
 class Pulled(Protocol):
-    """What a pull hands back (``PullResult``)."""
+    """What a pull hands back (``Pulled``)."""
 
     @property
-    def deliveries(self) -> list[Delivery]: ...
+    def deliveries(self) -> list[Handout]: ...
 
 
 class PushSource(Protocol):
@@ -194,7 +194,7 @@ class PushLane:
             self._in_flight += len(run)
             tg.start_soon(self._push, pool, run)
 
-    async def _push(self, pool: _Connections, run: list[Delivery]) -> None:
+    async def _push(self, pool: _Connections, run: list[Handout]) -> None:
         try:
             await self._push_one(pool, run)
         finally:
@@ -202,7 +202,7 @@ class PushLane:
             event, self._slot_freed = self._slot_freed, anyio.Event()
             event.set()
 
-    async def _push_one(self, pool: _Connections, run: list[Delivery]) -> None:
+    async def _push_one(self, pool: _Connections, run: list[Handout]) -> None:
         runs = self.config.max_per_key > 1
         body = orjson.dumps({"messages": [delivery_json(d, runs) for d in run]})
         headers = dict(self._headers)
@@ -237,7 +237,7 @@ class PushLane:
         # Failing the run's first message sends the rest back behind it, uncharged.
         self._source.apply(_results(run[:1], ack=False, error=error))
 
-    def _release(self, deliveries: Sequence[Delivery]) -> None:
+    def _release(self, deliveries: Sequence[Handout]) -> None:
         attempts = {d.message.ref: d.attempt for d in deliveries}
         self._source.release_uncharged(list(attempts), attempts)
 
@@ -378,17 +378,17 @@ def _guarded_resolver(targets: PushTargets) -> aiohttp.abc.AbstractResolver:
     return GuardedResolver()
 
 
-def _runs(deliveries: Sequence[Delivery]) -> list[list[Delivery]]:
+def _runs(deliveries: Sequence[Handout]) -> list[list[Handout]]:
     """Split a pull's answer into requests: each same-key run together, in order."""
-    out: dict[int, list[Delivery]] = {}
+    out: dict[int, list[Handout]] = {}
     for d in deliveries:
         out.setdefault(d.run, []).append(d)
     return list(out.values())
 
 
-def _results(run: Sequence[Delivery], *, ack: bool, error: str | None) -> list[Result]:
+def _results(run: Sequence[Handout], *, ack: bool, error: str | None) -> list[Result]:
     """Fenced results for ``run`` (each names the attempt it answers), one per queue."""
-    by_queue: dict[int, list[Delivery]] = {}
+    by_queue: dict[int, list[Handout]] = {}
     for d in run:
         by_queue.setdefault(d.message.qid, []).append(d)
     results = []

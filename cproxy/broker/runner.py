@@ -36,9 +36,9 @@ from cproxy.engine.effects import COMMIT, DEADLINE, FETCH, READY
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import CommitBatch, Result
-from cproxy.engine.snapshots import BlockedKey, Delivery, GroupStats, Outcome
+from cproxy.engine.snapshots import BlockedKey, GroupStats, Handout, Outcome
 from cproxy.errors import QueueNotOwned, StoreError
-from cproxy.model import AppendResult, Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import AppendResult, MessageRef, QueueProgress, QueueRef, Record
 from cproxy.push_targets import PushTargets
 from cproxy.store.base import Store
 
@@ -55,12 +55,13 @@ from .with_outputs import Append, OutputCommits
 logger = logging.getLogger(__name__)
 
 
-class PullResult(NamedTuple):
-    """Messages handed out by a pull, and what the results sent with it did. A named
-    tuple: one is made per pull, and a frozen dataclass's ``__init__`` costs ~1 % of the
-    server's CPU at batch 10."""
+class Pulled(NamedTuple):
+    """Messages handed out by a pull, and what the results sent with it did (the SDK's
+    ``PullResult`` is the decoded answer on the consumer's side). A named tuple: one is
+    made per pull, and a frozen dataclass's ``__init__`` costs ~1 % of the server's CPU at
+    batch 10."""
 
-    deliveries: list[Delivery]
+    deliveries: list[Handout]
     applied: int
     unknown: list[MessageRef]
 
@@ -351,7 +352,7 @@ class GroupRunner:
         except Exception:  # a bug here must not stop the server; the next produce retries
             logger.exception("group=%s hand-out to waiting pulls failed", self.name)
 
-    def _take_for(self, waiter: Waiter) -> list[Delivery]:
+    def _take_for(self, waiter: Waiter) -> list[Handout]:
         return self._take(waiter.max_messages, waiter.topics, waiter.max_per_key, waiter.consumer)
 
     def _take(
@@ -360,7 +361,7 @@ class GroupRunner:
         topics: Collection[str] | None,
         max_per_key: int,
         consumer: str | None,
-    ) -> list[Delivery]:
+    ) -> list[Handout]:
         """One engine pull, within ``max_per_second`` when the group has one."""
         rate = self._rate
         if rate is None:
@@ -410,7 +411,7 @@ class GroupRunner:
         """Long polls waiting for work now."""
         return len(self._waiters)
 
-    def offer(self, topic: str, stored: Mapping[int, Sequence[Message]]) -> None:
+    def offer(self, topic: str, stored: Mapping[int, Sequence[Record]]) -> None:
         """A produce's just-stored messages, per queue (qid -> consecutive messages): taken
         directly by caught-up queues, else read by the fetcher. One hand-off for the whole
         batch: waiting pulls are woken once, and the fetcher kicked once."""
@@ -492,7 +493,7 @@ class GroupRunner:
         max_per_key: int = 1,
         gone: WatchGone | None = None,
         consumer: str | None = None,
-    ) -> PullResult:
+    ) -> Pulled:
         """Apply ``results``, then hand out up to ``max_messages``, waiting up to ``wait_ms``.
 
         ``consumer`` names the puller (the group's stats list it); None: the proxy's own
@@ -504,7 +505,7 @@ class GroupRunner:
         """
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
-            return PullResult([], applied, unknown)
+            return Pulled([], applied, unknown)
         if consumer is not None:
             self.activity.pulled(consumer, now_ms())
         deliveries = self._take(max_messages, topics, max_per_key, consumer)
@@ -513,9 +514,9 @@ class GroupRunner:
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
         if deliveries:
             self._wake()
-        return PullResult(deliveries, applied, unknown)
+        return Pulled(deliveries, applied, unknown)
 
-    def _give_back(self, deliveries: list[Delivery]) -> None:
+    def _give_back(self, deliveries: list[Handout]) -> None:
         if not deliveries:
             return
         refs = [d.message.ref for d in deliveries]

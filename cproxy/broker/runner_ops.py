@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Collection, Sequence
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.snapshots import GroupStats
 from cproxy.errors import InvalidRequest, ReplayInProgress, StoreError
-from cproxy.model import DeadLetter, Message, MessageRef
+from cproxy.model import DeadLetter, MessageRef, Record
 from cproxy.store.base import Store
 
 from .clock import now_ms
@@ -144,10 +144,10 @@ class OperatorCalls:
         try:
             bounds = self._engine.replay_bounds(topic)
             extract = self._engine.config.topics[topic].extract
-            found: list[list[Message]] = []
+            found: list[list[Record]] = []
             held = 0
             for qid, start in sorted(starts.items()):
-                mine: list[Message] = []
+                mine: list[Record] = []
                 offset, upto = start, bounds.get(qid, start)
                 while offset < upto:
                     batch = await self._store.read(topic, qid, offset, REPLAY_SCAN_BATCH)

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from cproxy.errors import InvalidRequest, TopicConflict, TopicNotFound
-from cproxy.model import Message, NewMessage, QueueStats, TopicInfo
+from cproxy.model import NewMessage, QueueStats, Record, TopicInfo
 from cproxy.placement import place as place_on_queues
 from cproxy.store.base import MessageLog
 
@@ -156,7 +156,7 @@ class Topics:
         from_ms: int | None,
         last: int | None,
         limit: int,
-    ) -> tuple[int, list[Message], int]:
+    ) -> tuple[int, list[Record], int]:
         """Stored messages of one queue, read without any group: ``(qid, messages, next)``.
 
         From ``from_offset`` (default: the oldest stored), the first at or after ``from_ms``,

@@ -23,7 +23,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Collection
 
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Waiter:
         #: Arrival number, set by ``Waiters.enqueue``.
         self.seq = -1
         #: What ``hand_out`` took for this waiter (empty until then, and after ``take``).
-        self.deliveries: list[Delivery] = []
+        self.deliveries: list[Handout] = []
         #: The caller went away (``leave``): whatever was handed must be given back.
         self.left = False
         self._woken = False
@@ -118,7 +118,7 @@ class Waiter:
             timer.cancel()
             self._future = None
 
-    def take(self) -> list[Delivery]:
+    def take(self) -> list[Handout]:
         """The handed deliveries, now owned by the caller (the waiter keeps none)."""
         out, self.deliveries = self.deliveries, []
         return out
@@ -128,7 +128,7 @@ class Waiter:
         self.left = True
         self._set()
 
-    def _wake(self, deliveries: list[Delivery]) -> None:
+    def _wake(self, deliveries: list[Handout]) -> None:
         self.deliveries = deliveries
         self._set()
 
@@ -166,8 +166,8 @@ class Waiters:
         waiter: Waiter,
         timeout_s: float,
         watch: WatchGone | None,
-        give_back: Callable[[list[Delivery]], None],
-    ) -> list[Delivery]:
+        give_back: Callable[[list[Handout]], None],
+    ) -> list[Handout]:
         """Queue ``waiter`` and wait until work is handed to it, ``timeout_s`` passed or
         ``watch`` said the caller's client disconnected; returns what it got.
 
@@ -205,7 +205,7 @@ class Waiters:
     def hand_out(
         self,
         has_work: Callable[[Collection[str] | None], bool],
-        take: Callable[[Waiter], list[Delivery]],
+        take: Callable[[Waiter], list[Handout]],
     ) -> int:
         """Serve waiting pulls in arrival order while there is work; returns how many woke.
 

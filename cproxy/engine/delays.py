@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from cproxy.model import Message
+from cproxy.model import Record
 
 #: An unordered message due further than this (ms) from now is released, not held.
 RELEASE_BEYOND_MS: Final = 3000
@@ -156,9 +156,9 @@ class DelayWindow:
         from_offset: int,
         max_count: int,
         upto: int,
-        messages: Sequence[Message],
-        candidate: Callable[[Message], bool],
-        admit: Callable[[Message], bool],
+        messages: Sequence[Record],
+        candidate: Callable[[Record], bool],
+        admit: Callable[[Record], bool],
     ) -> None:
         """Take what a rescan read (``max_count`` asked from ``from_offset``, range end
         ``upto``): admit the released messages due by the rescan's target, keep the later

@@ -21,14 +21,14 @@ from jmespath.exceptions import JMESPathError
 
 from cproxy.engine.work import Entry
 from cproxy.errors import ConfigError
-from cproxy.model import Message
+from cproxy.model import Record
 
 
 class ExpressionFailed(Exception):
     """An expression raised on one message (that message is dead-lettered with the text)."""
 
 
-def _document(message: Message) -> dict[str, Any]:
+def _document(message: Record) -> dict[str, Any]:
     headers = orjson.loads(message.headers_json) if message.headers_json else {}
     return {"key": message.key, "headers": headers, "body": orjson.loads(message.body_json)}
 
@@ -53,17 +53,17 @@ class Expression:
         except JMESPathError as exc:
             raise ConfigError(f"{where} is not valid JMESPath: {exc}") from exc
 
-    def _search(self, message: Message) -> Any:
+    def _search(self, message: Record) -> Any:
         try:
             return self._compiled.search(_document(message))
         except (JMESPathError, orjson.JSONDecodeError, TypeError, ValueError) as exc:
             raise ExpressionFailed(f"{self.source!r} failed: {exc}") from exc
 
-    def keeps(self, message: Message) -> bool:
+    def keeps(self, message: Record) -> bool:
         """As a filter: deliver ``message``? Raises ``ExpressionFailed``."""
         return _truthy(self._search(message))
 
-    def reshape(self, message: Message) -> bytes:
+    def reshape(self, message: Record) -> bytes:
         """As a transform: the delivered body, JSON-encoded. Raises ``ExpressionFailed``."""
         return orjson.dumps(self._search(message))
 
@@ -84,14 +84,14 @@ class Screen:
         filters: Mapping[str, Expression],
         transforms: Mapping[str, Expression],
         on_filtered: Callable[[str], None],
-        on_failed: Callable[[Message, str], None],
+        on_failed: Callable[[Record, str], None],
     ) -> None:
         self._filters = filters
         self._transforms = transforms
         self._on_filtered = on_filtered
         self._on_failed = on_failed
 
-    def entry_for(self, message: Message, first_read: bool) -> Entry | None:
+    def entry_for(self, message: Record, first_read: bool) -> Entry | None:
         topic = message.topic
         keep = self._filters.get(topic)
         reshape = self._transforms.get(topic)

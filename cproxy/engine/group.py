@@ -6,7 +6,7 @@ and reads no clock. A driver (``cproxy.broker``) feeds it what it read from the 
 (``plan_fetches`` / ``on_fetched``, see ``cproxy.broker.drive``), the current time (``now_ms``
 arguments, ms since the epoch) and the consumers' results, and persists what it hands back
 (``take_commit``). Everything runs on one event loop, so nothing here locks. Callers get
-frozen snapshots (``Delivery``, ``GroupStats``, ``BlockedKey``), never live containers.
+frozen snapshots (``Handout``, ``GroupStats``, ``BlockedKey``), never live containers.
 
 Delivery semantics (docs/guarantees.md): a message is handed out only when it is the head of
 its chain; a fail or ack timeout schedules the next attempt after ``retry_backoff_ms`` while
@@ -51,15 +51,15 @@ from cproxy.engine.records import CommitBatch, Counters, Result
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import (
     BlockedKey,
-    Delivery,
     GroupStats,
+    Handout,
     Outcome,
     QueuePosition,
     TopicCounts,
 )
 from cproxy.engine.work import ATTEMPT_RESERVE, IN_FLIGHT, OUT, Chain, Entry, State, Tally
 from cproxy.errors import ReplayInProgress
-from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import DeadLetter, MessageRef, QueueProgress, QueueRef, Record
 
 #: An effect bit of the engine's own: deliveries finished or time passed. ``take_effects``
 #: turns it into what that made due, from the state then: once per take, not per call.
@@ -158,7 +158,7 @@ class GroupEngine:
             effects |= READY
         return effects & ~_READ
 
-    def _order_value(self, message: Message) -> str | None:
+    def _order_value(self, message: Record) -> str | None:
         return self._extract[message.topic](message)
 
     def reads(self, topic: str) -> bool:
@@ -171,7 +171,7 @@ class GroupEngine:
         self._reader.note_end(topic, qid, end_offset)
         self._effects |= FETCH
 
-    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
+    def offer(self, topic: str, qid: int, messages: Sequence[Record]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up.
 
         Accepted only when they start exactly at the queue's fetch position and fit in the
@@ -196,7 +196,7 @@ class GroupEngine:
         self._effects |= _READ
         return self._reader.plan(now_ms)
 
-    def on_fetched(self, request: FetchRequest, messages: Sequence[Message]) -> None:
+    def on_fetched(self, request: FetchRequest, messages: Sequence[Record]) -> None:
         """Hand back what the store returned for ``request`` (its range, unfiltered)."""
         self._reader.on_read(request, messages)
         self._effects |= _READ
@@ -217,7 +217,7 @@ class GroupEngine:
         now_ms: int,
         max_per_key: int = 1,
         consumer: str | None = None,
-    ) -> list[Delivery]:
+    ) -> list[Handout]:
         """Hand out up to ``max_messages`` ready heads; they are in flight until acked.
 
         ``consumer`` names who pulled (stats count its messages in flight; None: a push).
@@ -233,7 +233,7 @@ class GroupEngine:
         if not names:
             return []
         self._topic_cursor = (self._topic_cursor + 1) % len(names)
-        out: list[Delivery] = []
+        out: list[Handout] = []
         sent: list[Entry] = []  # what ``out`` hands out: one ack-timeout heap item for all
         deadline = now_ms + self.config.ack_timeout_ms
         for topic in names[self._topic_cursor :] + names[: self._topic_cursor]:
@@ -263,7 +263,7 @@ class GroupEngine:
         entry: Entry,
         deadline_ms: int,
         now_ms: int,
-        out: list[Delivery],
+        out: list[Handout],
         run: int,
         sent: list[Entry],
     ) -> None:
@@ -279,7 +279,7 @@ class GroupEngine:
             entry.blocked_since_ms = now_ms
         sent.append(entry)
         message = entry.message
-        out.append(Delivery(message, attempt, run, entry.body_json, entry.charged, entry.replay))
+        out.append(Handout(message, attempt, run, entry.body_json, entry.charged, entry.replay))
 
     def apply_results(self, results: Iterable[Result], now_ms: int) -> Outcome:
         """Apply acks and fails of in-flight messages; others are reported unknown."""
@@ -459,7 +459,7 @@ class GroupEngine:
     def _filtered(self, topic: str) -> None:
         self._counters[topic].filtered += 1
 
-    def _failed(self, message: Message, error: str) -> None:
+    def _failed(self, message: Record, error: str) -> None:
         """A filter or transform raised on a message being read: dead-letter it at once."""
         entry = Entry(message)
         entry.last_error = error
@@ -560,7 +560,7 @@ class GroupEngine:
                     count += 1
         return count
 
-    def replay(self, topic: str, value: str, found: Sequence[Sequence[Message]]) -> int:
+    def replay(self, topic: str, value: str, found: Sequence[Sequence[Record]]) -> int:
         """Deliver the order value's finished messages again; returns how many.
 
         ``found`` holds, per queue in offset order, the messages of ``value`` read from the
@@ -761,7 +761,7 @@ class GroupEngine:
         self._effects |= (READY | FETCH | COMMIT) if lost else (READY | FETCH)
         return lost
 
-    def _is_finished(self, message: Message) -> bool:
+    def _is_finished(self, message: Record) -> bool:
         """Acked or dead-lettered (as far as this group's position says)."""
         cur = self._reader.cursor(message.topic, message.qid)
         offset = message.offset

@@ -22,7 +22,7 @@ from typing import Any, Final
 import orjson
 
 from cproxy.errors import InvalidOrderBy
-from cproxy.model import Message
+from cproxy.model import Record
 
 Segment = str | int
 
@@ -97,21 +97,21 @@ def _select(document: Any, segments: tuple[Segment, ...]) -> Any:
     return node
 
 
-Extractor = Callable[[Message], str | None]
+Extractor = Callable[[Record], str | None]
 
 
-def by_key(message: Message) -> str | None:
+def by_key(message: Record) -> str | None:
     """``order_by: key``. The reader reads ``message.key`` itself when a topic's extractor
     is this one: a call through a function object costs more than the read."""
     return message.key
 
 
-def by_qid(message: Message) -> str | None:
+def by_qid(message: Record) -> str | None:
     """``order_by: qid``: one chain per queue."""
     return str(message.qid)
 
 
-def unordered(message: Message) -> str | None:
+def unordered(message: Record) -> str | None:
     """``order_by: none``."""
     return None
 
@@ -136,7 +136,7 @@ class OrderBy:
         if spec.startswith("$"):
             segments = parse_json_path(spec)
 
-            def extract(message: Message) -> str | None:
+            def extract(message: Record) -> str | None:
                 try:
                     document = orjson.loads(message.body_json)
                 except orjson.JSONDecodeError:

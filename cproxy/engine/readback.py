@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from cproxy.engine.cursor import FetchRequest, QueueCursor
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.work import Entry, Tally
-from cproxy.model import Message
+from cproxy.model import Record
 
 
 class ReadBack:
@@ -27,8 +27,8 @@ class ReadBack:
         seq: Sequencer,
         tally: Tally,
         max_buffered: int,
-        screen: Callable[[Message, bool], Entry | None],
-        extract: Callable[[Message], str | None],
+        screen: Callable[[Record, bool], Entry | None],
+        extract: Callable[[Record], str | None],
     ) -> None:
         self._seq = seq
         self._tally = tally
@@ -50,7 +50,7 @@ class ReadBack:
             self._seq.reload_done(chain, None)
 
     def take_restore(
-        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Record]
     ) -> None:
         if not cur.restore or cur.restore[0][0] != request.from_offset:
             return  # stale
@@ -71,7 +71,7 @@ class ReadBack:
             cur.restore[0] = (start, end)
 
     def take_scan(
-        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Record]
     ) -> None:
         if not cur.scan or cur.scan_from != request.from_offset:
             return  # stale
@@ -100,7 +100,7 @@ class ReadBack:
             cur.scan.clear()
 
     def take_reload(
-        self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Message]
+        self, request: FetchRequest, cur: QueueCursor | None, messages: Sequence[Record]
     ) -> None:
         assert request.chain_value is not None
         chain = self._seq.chain(request.topic, request.chain_value)

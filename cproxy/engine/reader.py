@@ -27,7 +27,7 @@ from cproxy.engine.orderkey import by_key
 from cproxy.engine.readback import ReadBack
 from cproxy.engine.sequencer import WAKE_LEAD_MS, Sequencer
 from cproxy.engine.work import Chain, Entry, State, Tally
-from cproxy.model import Message, QueueProgress, QueueRef
+from cproxy.model import QueueProgress, QueueRef, Record
 
 #: Largest read the reader asks for at once, in messages.
 FETCH_BATCH: Final = 1000
@@ -54,7 +54,7 @@ def _has_work(cur: QueueCursor) -> bool:
     return cur.fetch_offset < cur.end_offset or cur.catching_up
 
 
-def _hold(message: Message, first_read: bool) -> Entry:
+def _hold(message: Record, first_read: bool) -> Entry:
     """No filter or transform: every read message is held."""
     return Entry(message)
 
@@ -80,10 +80,10 @@ class Reader:
         progress: Mapping[QueueRef, QueueProgress],
         end_offsets: Mapping[QueueRef, int],
         max_buffered: int,
-        extractors: Mapping[str, Callable[[Message], str | None]],
+        extractors: Mapping[str, Callable[[Record], str | None]],
         sequencer: Sequencer,
         tally: Tally,
-        screen: Callable[[Message, bool], Entry | None] | None = None,
+        screen: Callable[[Record, bool], Entry | None] | None = None,
         reread_base: int = 0,
     ) -> None:
         """``screen(message, first_read)`` gives the entry to hold for a read message, or
@@ -111,7 +111,7 @@ class Reader:
             ref: cur for ref, cur in self._cursors.items() if _has_work(cur)
         }
 
-    def _extract(self, message: Message) -> str | None:
+    def _extract(self, message: Record) -> str | None:
         return self._extractors[message.topic](message)
 
     def cursor(self, topic: str, qid: int) -> QueueCursor | None:
@@ -120,7 +120,7 @@ class Reader:
     def cursors(self) -> Iterator[QueueCursor]:
         return iter(self._cursors.values())
 
-    def screen_again(self, message: Message) -> Entry | None:
+    def screen_again(self, message: Record) -> Entry | None:
         """The entry to hold for a message delivered again (a replay): None when the
         group's filter leaves it out; the group's transform applied."""
         return self._screen(message, False)
@@ -150,7 +150,7 @@ class Reader:
             cur.end_offset = end_offset
             self._unread[(topic, qid)] = cur
 
-    def offer(self, topic: str, qid: int, messages: Sequence[Message]) -> bool:
+    def offer(self, topic: str, qid: int, messages: Sequence[Record]) -> bool:
         """Take just-stored consecutive messages without a store read, if caught up."""
         cur = self._cursors.get((topic, qid))
         if cur is None or not messages:
@@ -286,7 +286,7 @@ class Reader:
         if request.is_reload:
             self._readback.reload_failed(request, self._cursors.get((request.topic, request.qid)))
 
-    def on_read(self, request: FetchRequest, messages: Sequence[Message]) -> None:
+    def on_read(self, request: FetchRequest, messages: Sequence[Record]) -> None:
         """Hand back the messages read for ``request``: the store's range, unfiltered."""
         cur = self._cursors.get((request.topic, request.qid))
         if request.is_reload:
@@ -314,9 +314,9 @@ class Reader:
         self._take_fetch(cur, messages)
 
     def _take_delay_rescan(
-        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Message]
+        self, request: FetchRequest, cur: QueueCursor, messages: Sequence[Record]
     ) -> None:
-        def admit(message: Message) -> bool:
+        def admit(message: Record) -> bool:
             if self._tally.held >= self._max_buffered:
                 return False
             entry = self._screen(message, True)  # its first screening
@@ -337,7 +337,7 @@ class Reader:
             admit,
         )
 
-    def _take_fetch(self, cur: QueueCursor, messages: Sequence[Message]) -> None:
+    def _take_fetch(self, cur: QueueCursor, messages: Sequence[Record]) -> None:
         # Runs for every message a group takes in: lookups are hoisted out of the loop, and
         # without a filter or transform the entry is built here rather than by ``_screen``.
         limit = self._max_buffered

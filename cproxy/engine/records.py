@@ -26,7 +26,7 @@ class Result:
     fails: Sequence[tuple[int, str | None]] = ()
     attempts: Mapping[int, int] | None = None
 
-    # Written out, and not frozen, for the reason of ``Message.__init__``: the ``__init__``
+    # Written out, and not frozen, for the reason of ``Record.__init__``: the ``__init__``
     # ``dataclass`` generates is interpreted Python, and a frozen one sets each field through
     # ``object.__setattr__`` (~650 ns per Result; every pull with acks builds one per queue).
     def __init__(

@@ -1,6 +1,6 @@
 # cproxy: compiled (mypyc), see cproxy/_native.py
 """Views the engine hands out: what callers may read, never a live container. Frozen, but for
-``Delivery``, one per delivered message, which is read-only by convention (its ``__init__``
+``Handout``, one per delivered message, which is read-only by convention (its ``__init__``
 written out: the record idiom of ``cproxy/_native.py``)."""
 
 from __future__ import annotations
@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from cproxy.model import Message, MessageRef
+from cproxy.model import MessageRef, Record
 
 
 @dataclass(slots=True, unsafe_hash=True)
-class Delivery:
-    """One message handed out to a consumer: ``attempt`` numbers its deliveries (1 for the
+class Handout:
+    """One hand-out of a stored message to a consumer (the SDK's ``Delivery`` is the
+    consumer's own record of one): ``attempt`` numbers its deliveries (1 for the
     first delivery of a fresh message; every hand-out gets the next number, never reused),
     ``charged`` counts those that failed or timed out (what ``max_attempts`` counts).
     Treat it as read-only.
@@ -22,7 +23,7 @@ class Delivery:
     same-key run this message belongs to (its own position when it is not in a run).
     """
 
-    message: Message
+    message: Record
     attempt: int
     run: int = 0
     #: The body to deliver (JSON) when the group transforms it; None: the stored body.
@@ -33,11 +34,11 @@ class Delivery:
     #: Delivered again by a replay of its order value (it was finished before).
     replay: bool = False
 
-    # Written out, and not frozen, as ``Message.__init__`` (the record idiom of the compiled
+    # Written out, and not frozen, as ``Record.__init__`` (the record idiom of the compiled
     # core, ``cproxy/_native.py``): one is built per delivered message.
     def __init__(
         self,
-        message: Message,
+        message: Record,
         attempt: int,
         run: int = 0,
         body_json: bytes | None = None,

@@ -34,7 +34,7 @@ from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from cproxy.model import Message
+from cproxy.model import Record
 
 #: Delivery numbers a group reserves ahead in the store (``QueueProgress.attempt_ceiling``):
 #: every number it hands out stays at or below the persisted ceiling, so after a restart or a
@@ -101,9 +101,7 @@ class Entry:
         "state",
     )
 
-    def __init__(
-        self, message: Message, chain: Chain | None = None, redriven: bool = False
-    ) -> None:
+    def __init__(self, message: Record, chain: Chain | None = None, redriven: bool = False) -> None:
         self.message = message
         #: The chain of the entry's order value; None for unordered messages.
         self.chain = chain

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from cproxy.model import AppendResult, Message, NewMessage
+from cproxy.model import AppendResult, NewMessage, Record
 
 #: (qid, offset, produced_at_ms) of a stored message.
 Stored = tuple[int, int, int]
@@ -22,7 +22,7 @@ class Plan:
     """What one append writes, and what it returns."""
 
     #: The messages this append stores, by qid, in offset order (one record batch each).
-    stored: dict[int, list[Message]] = field(default_factory=dict)
+    stored: dict[int, list[Record]] = field(default_factory=dict)
     dedup_rows: list[tuple[int, str, int, int, int]] = field(default_factory=list)
     results: list[AppendResult] = field(default_factory=list)
     #: qid -> (next offset, last produced_at_ms) once this append is in.
@@ -63,7 +63,7 @@ def plan(
         if dedup and m.id is not None:
             known[m.id] = (qid, off, ts)
             out.dedup_rows.append((tid, m.id, qid, off, ts))
-        message = Message(
+        message = Record(
             topic, qid, off, m.key, m.body_json, m.headers_json, m.id, ts, m.deliver_at_ms
         )
         group = out.stored.get(qid)

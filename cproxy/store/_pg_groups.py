@@ -10,7 +10,7 @@ from typing import Any
 
 import asyncpg
 
-from cproxy.model import DeadLetter, Message, MessageRef, QueueProgress, QueueRef
+from cproxy.model import DeadLetter, MessageRef, QueueProgress, QueueRef, Record
 from cproxy.store._pg_base import PgBase
 from cproxy.store._pg_log import columns
 from cproxy.store._pg_sql import (
@@ -204,4 +204,4 @@ def _among_refs(n: int) -> str:
 
 def _dead_letter(group: str, row: asyncpg.Record) -> DeadLetter:
     """A ``DeadLetter`` from a row of ``DEAD_LETTER_COLUMNS``."""
-    return DeadLetter(group, Message(*row[:8]), row[8], row[9], row[10], row[11])
+    return DeadLetter(group, Record(*row[:8]), row[8], row[9], row[10], row[11])

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cproxy.errors import StoreError, TopicConflict
-from cproxy.model import AppendResult, Message, NewMessage, QueueStats, TopicInfo
+from cproxy.model import AppendResult, NewMessage, QueueStats, Record, TopicInfo
 from cproxy.store._append_plan import Stored, plan
 from cproxy.store._common import (
     check_qid,
@@ -275,12 +275,12 @@ class PgLog(PgBase):
             )
             logger.debug("pruned expired dedup entries: %s", status)
 
-    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         return (await self.read_many(topic, [(qid, from_offset, max_count)]))[0]
 
     async def read_many(
         self, topic: str, wants: Sequence[tuple[int, int, int]]
-    ) -> list[list[Message]]:
+    ) -> list[list[Record]]:
         """``read(topic, qid, from_offset, max_count)`` for each ``(qid, from_offset,
         max_count)`` of ``wants``, in one statement (one round trip and one snapshot)."""
         async with self._conn() as conn:

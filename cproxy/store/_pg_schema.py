@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 import asyncpg
 
 from cproxy.errors import StoreError
-from cproxy.model import Message
+from cproxy.model import Record
 from cproxy.store._pg_sql import INSERT_BATCHES, Conn
 from cproxy.store._records import group_rows
 
@@ -65,7 +65,7 @@ async def _messages_to_batches(conn: Conn) -> None:
             grouped = [
                 b
                 for _, b in group_rows(
-                    ((tid, Message("", qid, *row)) for row in rows), MIGRATED_BATCH
+                    ((tid, Record("", qid, *row)) for row in rows), MIGRATED_BATCH
                 )
             ]
             await conn.execute(INSERT_BATCHES, tid, *(list(c) for c in zip(*grouped, strict=True)))

@@ -11,7 +11,7 @@ their ``next_off - base`` summed) are one MessagePack array, and a read of many 
 decodes them with one call. Bodies and headers are already-encoded JSON bytes, stored as
 MessagePack binaries, never decoded or re-encoded. A record's offset is its position.
 
-Adding a per-message field to ``Message`` is a change of ``RECORD_FIELDS`` alone (one line):
+Adding a per-message field to ``Record`` is a change of ``RECORD_FIELDS`` alone (one line):
 records written before the field existed are shorter arrays, and decode with the field's
 dataclass default (so a new field needs one, e.g. ``deliver_at_ms: int | None = None``).
 
@@ -28,28 +28,28 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from cproxy.model import Message
+from cproxy.model import Record
 from cproxy.store._retention import message_bytes
 
-#: The per-message fields a record stores, in ``Message`` field order after ``offset`` (the
-#: order ``Message(topic, qid, offset, *record)`` takes them). THE line to change when a
-#: per-message field is added to ``Message`` (see the module docstring).
+#: The per-message fields a record stores, in ``Record`` field order after ``offset`` (the
+#: order ``Record(topic, qid, offset, *record)`` takes them). THE line to change when a
+#: per-message field is added to ``Record`` (see the module docstring).
 RECORD_FIELDS: tuple[str, ...] = (
     "key", "body_json", "headers_json", "id", "produced_at_ms", "deliver_at_ms"
 )  # fmt: skip
 
-_MESSAGE_FIELDS = tuple(f.name for f in fields(Message))
+_MESSAGE_FIELDS = tuple(f.name for f in fields(Record))
 if _MESSAGE_FIELDS[3 : 3 + len(RECORD_FIELDS)] != RECORD_FIELDS or set(_MESSAGE_FIELDS[3:]) != set(
     RECORD_FIELDS
 ):
     # Loud at import: a field stored nowhere would be lost at the first restart.
     raise RuntimeError(
-        f"store._records.RECORD_FIELDS {RECORD_FIELDS} must list Message's fields after "
+        f"store._records.RECORD_FIELDS {RECORD_FIELDS} must list Record's fields after "
         f"'offset' in order, {_MESSAGE_FIELDS[3:]}"
     )
 
 
-def _records_builder() -> Callable[[Sequence[Message]], list[tuple[Any, ...]]]:
+def _records_builder() -> Callable[[Sequence[Record]], list[tuple[Any, ...]]]:
     """``records(messages)``: each message's ``RECORD_FIELDS`` values as a tuple. Generated
     from ``RECORD_FIELDS`` as a list comprehension of attribute reads, which the interpreter
     specializes: half the cost of an ``operator.attrgetter`` call per message (every produced
@@ -58,7 +58,7 @@ def _records_builder() -> Callable[[Sequence[Message]], list[tuple[Any, ...]]]:
     source = f"def records(messages):\n    return [({values}) for m in messages]\n"
     scope: dict[str, Any] = {}
     exec(source, scope)  # fixed text, built from RECORD_FIELDS above
-    build: Callable[[Sequence[Message]], list[tuple[Any, ...]]] = scope["records"]
+    build: Callable[[Sequence[Record]], list[tuple[Any, ...]]] = scope["records"]
     return build
 
 
@@ -82,7 +82,7 @@ class Batch(NamedTuple):
     records: bytes
 
 
-def batch(messages: Sequence[Message]) -> Batch:
+def batch(messages: Sequence[Record]) -> Batch:
     """The row of one (queue, call): ``messages`` are that call's stored messages of one
     queue, in offset order (contiguous: duplicates take no offset)."""
     first, last = messages[0], messages[-1]
@@ -111,22 +111,22 @@ def records(count: int, *blobs: bytes) -> list[Any]:
     return out
 
 
-def _unpacking_builder() -> Callable[[str, int, int, list[Any]], list[Message]]:
+def _unpacking_builder() -> Callable[[str, int, int, list[Any]], list[Record]]:
     """``build(topic, qid, first_offset, records)``: the messages of full-length records.
 
     Generated from ``RECORD_FIELDS`` (as ``dataclasses`` generates ``__init__``): unpacking
-    each record into named locals and calling ``Message`` positionally costs about 2/3 of
-    ``Message(..., *record)``, and reads build every message a consumer gets this way.
+    each record into named locals and calling ``Record`` positionally costs about 2/3 of
+    ``Record(..., *record)``, and reads build every message a consumer gets this way.
     """
     names = ", ".join(f"f{i}" for i in range(len(RECORD_FIELDS)))
     source = (
         "def build(topic, qid, first, recs):\n"
-        f"    return [Message(topic, qid, off, {names})"
+        f"    return [Record(topic, qid, off, {names})"
         f" for off, ({names},) in zip(range(first, first + len(recs)), recs)]\n"
     )
-    scope: dict[str, Any] = {"Message": Message}
+    scope: dict[str, Any] = {"Record": Record}
     exec(source, scope)  # fixed text, built from RECORD_FIELDS above
-    build: Callable[[str, int, int, list[Any]], list[Message]] = scope["build"]
+    build: Callable[[str, int, int, list[Any]], list[Record]] = scope["build"]
     return build
 
 
@@ -137,11 +137,11 @@ _build = _unpacking_builder()
 Row = tuple[int, int, bytes]
 
 
-def decode(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Message]:
+def decode(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Record]:
     """The messages with ``start <= offset < stop`` of ``rows`` (batches of one queue in
     offset order), in offset order. Each run of contiguous batches (normally all of them)
     is decoded with one call."""
-    out: list[Message] = []
+    out: list[Record] = []
     run_start = 0
     for i in range(1, len(rows) + 1):
         if i == len(rows) or rows[i][0] != rows[i - 1][1]:
@@ -150,7 +150,7 @@ def decode(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> 
     return out
 
 
-def _decode_run(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Message]:
+def _decode_run(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int) -> list[Record]:
     first, end = rows[0][0], rows[-1][1]
     lo, hi = max(start, first) - first, min(stop, end) - first
     if lo >= hi:
@@ -163,7 +163,7 @@ def _decode_run(topic: str, qid: int, rows: Sequence[Row], start: int, stop: int
     except ValueError:
         # A record written before a field was added is shorter: the missing fields take
         # their defaults.
-        return [Message(topic, qid, first + lo + i, *r) for i, r in enumerate(recs)]
+        return [Record(topic, qid, first + lo + i, *r) for i, r in enumerate(recs)]
 
 
 def sizes(rows: Sequence[Row], start: int, stop: int) -> list[tuple[int, int]]:
@@ -213,13 +213,11 @@ def first_at(head: Head, timestamp_ms: int) -> int:
     return next_off
 
 
-def group_rows(
-    rows: Iterable[tuple[int, Message]], max_records: int
-) -> Iterable[tuple[int, Batch]]:
+def group_rows(rows: Iterable[tuple[int, Record]], max_records: int) -> Iterable[tuple[int, Batch]]:
     """(tid, batch) rows from (tid, message) rows in (tid, qid, offset) order: one batch per
     run of contiguous offsets of one queue, at most ``max_records`` each. For migrating a log
     kept one row per message."""
-    run: list[Message] = []
+    run: list[Record] = []
     run_tid = -1
     for tid, m in rows:
         if run and (

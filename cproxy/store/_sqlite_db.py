@@ -18,7 +18,7 @@ from typing import IO, Any, TypeVar
 from anyio import CapacityLimiter, to_thread
 
 from cproxy.errors import StoreError
-from cproxy.model import DeadLetter, Message
+from cproxy.model import DeadLetter, Record
 from cproxy.store._sqlite_checkpoint import FALLBACK_PAGES, Checkpointer
 from cproxy.store._sqlite_schema import ensure_schema
 from cproxy.store._sqlite_tx import Transactions, as_store_error
@@ -54,7 +54,7 @@ DEAD_LETTER_SELECT = """
 
 def dead_letter(group: str, row: Sequence[Any]) -> DeadLetter:
     """A ``DeadLetter`` from a ``DEAD_LETTER_SELECT`` row."""
-    message = Message(*row[:8])
+    message = Record(*row[:8])
     return DeadLetter(group, message, row[8], row[9], row[10], bool(row[11]))
 
 

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cproxy.errors import StoreError
-from cproxy.model import Message
+from cproxy.model import Record
 from cproxy.store._records import group_rows
 
 logger = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def _messages_to_batches(conn: sqlite3.Connection) -> None:
         " ORDER BY tid, qid, off"
     )
     rows = (
-        (tid, Message("", qid, off, key, bytes(body), _blob(headers), msg_id, ts))
+        (tid, Record("", qid, off, key, bytes(body), _blob(headers), msg_id, ts))
         for tid, qid, off, key, body, headers, msg_id, ts in old
     )
     moved = 0

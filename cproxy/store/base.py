@@ -22,7 +22,7 @@ Rules of the log (``MessageLog``):
 - ``append`` is atomic: every message of the call is stored, or none is (and then it raises).
 - ``append`` requires ``NewMessage.qid`` to be set (the broker places it, see
   ``cproxy.placement``); a message with ``qid=None`` raises ``InvalidRequest``. Each
-  ``AppendResult`` carries the stored ``Message`` (``None`` for a duplicate), so callers need
+  ``AppendResult`` carries the stored ``Record`` (``None`` for a duplicate), so callers need
   not rebuild it.
 - Dedup: a message whose ``id`` was stored on the same topic within ``dedup_window_ms`` is not
   stored again; its result is the original qid/offset with ``duplicate=True``. Two messages with
@@ -69,12 +69,12 @@ from typing import Protocol
 from cproxy.model import (
     AppendResult,
     DeadLetter,
-    Message,
     MessageRef,
     NewMessage,
     QueueProgress,
     QueueRef,
     QueueStats,
+    Record,
     TopicInfo,
 )
 
@@ -139,7 +139,7 @@ class MessageLog(Lifecycle, Protocol):
     ) -> list[AppendResult]:
         """Append atomically; results are in input order. Raises ``TopicNotFound``."""
 
-    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         """Messages with ``offset >= from_offset`` in offset order, at most ``max_count``."""
 
     async def offset_for_time(self, topic: str, qid: int, timestamp_ms: int) -> int:

@@ -11,12 +11,12 @@ from cproxy.errors import StoreError, TopicConflict
 from cproxy.model import (
     AppendResult,
     DeadLetter,
-    Message,
     MessageRef,
     NewMessage,
     QueueProgress,
     QueueRef,
     QueueStats,
+    Record,
     TopicInfo,
 )
 from cproxy.store._common import (
@@ -34,14 +34,14 @@ __all__ = ["MemoryStore"]
 _produced_at = attrgetter("produced_at_ms")
 
 
-def _size(m: Message) -> int:
+def _size(m: Record) -> int:
     return message_bytes(m.body_json, m.headers_json, m.key, m.id)
 
 
 @dataclasses.dataclass(slots=True)
 class _Topic:
     #: Stored messages per queue; ``queues[qid][i]`` has offset ``floors[qid] + i``.
-    queues: list[list[Message]]
+    queues: list[list[Record]]
     floors: list[int]
     retention_ms: int | None = None
     retention_bytes: int | None = None
@@ -166,7 +166,7 @@ class MemoryStore:
         t = self._topic(topic)
         qids = message_qids(topic, messages, len(t.queues))
         # Build everything aside first and apply only at the end, so a failure stores nothing.
-        pending: dict[int, list[Message]] = {}
+        pending: dict[int, list[Record]] = {}
         new_ids: dict[str, tuple[int, int, int]] = {}
         results: list[AppendResult] = []
         for qid, m in zip(qids, messages, strict=True):
@@ -180,7 +180,7 @@ class MemoryStore:
             offset = t.floors[qid] + len(stored) + len(batch)
             last = batch[-1] if batch else (stored[-1] if stored else None)
             produced_at = now_ms if last is None else max(now_ms, last.produced_at_ms)
-            message = Message(
+            message = Record(
                 topic, qid, offset, m.key, m.body_json, m.headers_json, m.id, produced_at,
                 m.deliver_at_ms,
             )  # fmt: skip
@@ -207,7 +207,7 @@ class MemoryStore:
         for msg_id in expired:
             del t.dedup[msg_id]
 
-    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         t = self._topic(topic)
         check_qid(topic, qid, len(t.queues))
         if max_count <= 0:

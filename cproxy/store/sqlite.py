@@ -43,12 +43,12 @@ from cproxy.errors import ConfigError
 from cproxy.model import (
     AppendResult,
     DeadLetter,
-    Message,
     MessageRef,
     NewMessage,
     QueueProgress,
     QueueRef,
     QueueStats,
+    Record,
     TopicInfo,
 )
 from cproxy.store._append_plan import plan
@@ -202,7 +202,7 @@ class SqliteStore:
         self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
         # One row per queue (record batches, ``_records``), inserted by deferred work: at the
         # end of the transaction, merged with the rows of the appends after this one.
-        pending: dict[tuple[int, int], list[list[Message]]]
+        pending: dict[tuple[int, int], list[list[Record]]]
         pending = self._db.tx_state.setdefault(_PENDING, {})
         for qid, stored in out.stored.items():
             rows = pending.get((tid, qid))
@@ -227,13 +227,13 @@ class SqliteStore:
 
     def _insert_pending(self, conn: sqlite3.Connection) -> None:
         """Insert the record batches the transaction's appends left (``_append_tx``)."""
-        pending: dict[tuple[int, int], list[list[Message]]] = self._db.tx_state.pop(_PENDING, {})
+        pending: dict[tuple[int, int], list[list[Record]]] = self._db.tx_state.pop(_PENDING, {})
         conn.executemany(
             INSERT_BATCH,
             [(tid, *batch(rows)) for (tid, _), queue in pending.items() for rows in queue],
         )
 
-    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         tid, queues = self.topics.topic(topic)
         check_qid(topic, qid, queues)
         # From the floor on: a batch retention cut through may still hold records below it.
@@ -244,7 +244,7 @@ class SqliteStore:
             return []
         stop = start + max_count
 
-        def run(conn: sqlite3.Connection) -> list[Message]:
+        def run(conn: sqlite3.Connection) -> list[Record]:
             rows = conn.execute(READ_BATCHES, (tid, qid, start, stop)).fetchall()
             return decode(topic, qid, rows, start, stop)
 

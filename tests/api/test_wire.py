@@ -6,26 +6,26 @@ import orjson
 import pytest
 
 from cproxy.api import wire
-from cproxy.broker import Delivery, PullResult, delivery_json
-from cproxy.model import AppendResult, Message
+from cproxy.broker import Handout, Pulled, delivery_json
+from cproxy.model import AppendResult, Record
 
 _KEYS = ["k1", None, 'q"uote\\', "caf\u00e9 \u2603", "tab\tnl\n\x01\x1f", "</script>", ""]
 
 
-def _deliveries() -> list[Delivery]:
+def _deliveries() -> list[Handout]:
     out = []
     for i, key in enumerate(_KEYS):
         headers = None if i % 3 == 0 else b"" if i % 3 == 1 else b'{"h":"v"}'
-        m = Message("t\u00e9", i % 3, 2**40 + i, key, b'{"a": [1, 2.50]}', headers, None, 17 + i)
+        m = Record("t\u00e9", i % 3, 2**40 + i, key, b'{"a": [1, 2.50]}', headers, None, 17 + i)
         body = None if i % 2 else b'"transformed"'
-        out.append(Delivery(m, 1 + i, run=i // 2, body_json=body))
+        out.append(Handout(m, 1 + i, run=i // 2, body_json=body))
     return out
 
 
 @pytest.mark.parametrize("runs", [False, True])
 def test_a_pull_answer_is_the_json_of_its_dict_shape(runs: bool) -> None:
     """Byte for byte: push requests use ``delivery_json``, pulls ``wire.pull_answer``."""
-    result = PullResult(_deliveries(), 3, [("t", 1, 5)])
+    result = Pulled(_deliveries(), 3, [("t", 1, 5)])
     expected = orjson.dumps(
         {
             "messages": [delivery_json(d, runs) for d in result.deliveries],
@@ -36,7 +36,7 @@ def test_a_pull_answer_is_the_json_of_its_dict_shape(runs: bool) -> None:
 
 
 def test_an_empty_pull_answer() -> None:
-    answer = wire.pull_answer(PullResult([], 0, []))
+    answer = wire.pull_answer(Pulled([], 0, []))
     assert answer == b'{"messages":[],"results":{"applied":0,"unknown":[]}}'
 
 

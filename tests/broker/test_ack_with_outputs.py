@@ -12,14 +12,14 @@ import pytest
 from cproxy.broker import Output
 from cproxy.broker.broker import Broker
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 from cproxy.errors import InvalidRequest, QueueNotOwned, StaleResults, StoreError
 from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import SETTINGS, config, items, running
 
 
-def fenced(*deliveries: Delivery) -> list[Result]:
+def fenced(*deliveries: Handout) -> list[Result]:
     return [
         Result(
             d.message.topic,
@@ -35,7 +35,7 @@ def outputs(*bodies: int) -> list[Output]:
     return [Output("out", [NewMessage(None, orjson.dumps(b)) for b in bodies])]
 
 
-async def prepared(broker: Broker, keys: str = "ab", **group: object) -> list[Delivery]:
+async def prepared(broker: Broker, keys: str = "ab", **group: object) -> list[Handout]:
     await broker.create_topic("t", 1)
     await broker.create_topic("out", 1)
     await broker.put_group("g", config(**group))
@@ -188,7 +188,7 @@ async def test_calls_arriving_during_a_transaction_share_the_next_one() -> None:
         first, *others = await prepared(broker, "abcd")
         answers: dict[int, object] = {}
 
-        async def call(d: Delivery) -> None:
+        async def call(d: Handout) -> None:
             answers[d.message.offset] = await broker.ack_with_outputs(
                 "g", fenced(d), outputs(d.message.offset)
             )

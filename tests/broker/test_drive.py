@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 
 from cproxy.broker.drive import ManyReader, fetch_round
-from cproxy.model import Message
+from cproxy.model import Record
 from tests.engine.harness import Harness, Log, run_now
 
 
@@ -20,7 +20,7 @@ class ManyLog(Log):
 
     async def read_many(
         self, topic: str, wants: Sequence[tuple[int, int, int]]
-    ) -> list[list[Message]]:
+    ) -> list[list[Record]]:
         self.many_calls.append(topic)
         if topic in self.broken:
             raise OSError("the database went away")

@@ -9,7 +9,7 @@ import anyio
 from anyio.lowlevel import checkpoint
 
 from cproxy.broker.broker import Broker
-from cproxy.model import DeadLetter, Message, NewMessage, QueueProgress, QueueRef
+from cproxy.model import DeadLetter, NewMessage, QueueProgress, QueueRef, Record
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import config, running
 
@@ -76,7 +76,7 @@ async def test_a_claimed_queue_delivers_dead_letters_a_former_owner_was_redrivin
             "t", [NewMessage("a", b"1", qid=0), NewMessage("b", b"2", qid=1)], 1, 0
         )
         messages = [
-            Message("t", r.qid, r.offset, k, b, None, None, 1)
+            Record("t", r.qid, r.offset, k, b, None, None, 1)
             for r, k, b in zip(stored, ("a", "b"), (b"1", b"2"), strict=True)
         ]
         # Both were dead-lettered and then redriven by another proxy, which lost queue 1.

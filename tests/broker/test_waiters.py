@@ -14,14 +14,14 @@ import pytest
 from cproxy.broker.broker import Broker
 from cproxy.broker.waiters import Waiter, Waiters, expiry, watch_with_task
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery
-from cproxy.model import Message
+from cproxy.engine.snapshots import Handout
+from cproxy.model import Record
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import ack_all, config, items, running
 
 
-def _delivery(offset: int, topic: str = "t") -> Delivery:
-    return Delivery(Message(topic, 0, offset, None, b"{}", None, None, 0), 1)
+def _delivery(offset: int, topic: str = "t") -> Handout:
+    return Handout(Record(topic, 0, offset, None, b"{}", None, None, 0), 1)
 
 
 class _Work:
@@ -38,7 +38,7 @@ class _Work:
     def has_work(self, topics: Collection[str] | None) -> bool:
         return any(self.count[t] for t in self._topics(topics))
 
-    def take(self, waiter: Waiter) -> list[Delivery]:
+    def take(self, waiter: Waiter) -> list[Handout]:
         out = []
         for t in self._topics(waiter.topics):
             while self.count[t] and len(out) < waiter.max_messages:
@@ -213,7 +213,7 @@ async def test_one_key_is_never_handed_to_two_waiters_at_once() -> None:
     async with running(MemoryStore()) as broker:
         await _group(broker)
         runner = broker.groups["g"]
-        got: list[list[Delivery]] = []
+        got: list[list[Handout]] = []
 
         async def poll() -> None:
             deliveries = (await broker.pull("g", 10, 5000, None, [])).deliveries
@@ -272,7 +272,7 @@ async def test_a_waiter_whose_scope_is_cancelled_as_it_is_handed_messages_loses_
     async with running(MemoryStore()) as broker:
         await _group(broker)
         runner = broker.groups["g"]
-        got: list[Delivery] = []
+        got: list[Handout] = []
         scope = anyio.CancelScope()
 
         async def poll() -> None:
@@ -297,7 +297,7 @@ async def test_a_waiter_whose_deadline_passes_as_it_is_handed_messages_returns_t
     async with running(MemoryStore()) as broker:
         await _group(broker)
         runner = broker.groups["g"]
-        got: list[Delivery] = []
+        got: list[Handout] = []
 
         async def poll() -> None:
             got.extend((await broker.pull("g", 10, 50, None, [])).deliveries)
@@ -318,7 +318,7 @@ async def test_a_cancelled_empty_waiter_leaves_the_line_at_no_cost_to_others() -
     async with running(MemoryStore()) as broker:
         await _group(broker)
         runner = broker.groups["g"]
-        got: list[Delivery] = []
+        got: list[Handout] = []
         scope = anyio.CancelScope()
 
         async def gone() -> None:

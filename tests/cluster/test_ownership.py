@@ -13,7 +13,7 @@ import anyio
 import pytest
 
 from cproxy.errors import ConfigError, QueueNotOwned, StoreError
-from cproxy.model import DeadLetter, Message, NewMessage, QueueProgress
+from cproxy.model import DeadLetter, NewMessage, QueueProgress, Record
 from cproxy.store.cluster_base import FinalCommit
 from cproxy.store.postgres import PostgresStore
 from tests.cluster.conftest import StoreFactory
@@ -157,7 +157,7 @@ async def test_after_a_crash_a_queue_is_claimable_only_after_lease_plus_grace(
 
 
 def dead_letter(qid: int, offset: int) -> DeadLetter:
-    message = Message("rides", qid, offset, "k", b'{"n":1}', None, None, 1)
+    message = Record("rides", qid, offset, "k", b'{"n":1}', None, None, 1)
     return DeadLetter("billing", message, 3, "boom", 2)
 
 

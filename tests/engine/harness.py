@@ -15,8 +15,8 @@ from cproxy.broker.drive import fetch_all
 from cproxy.engine.group import GroupEngine
 from cproxy.engine.group_config import GroupConfig
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery, Outcome
-from cproxy.model import Message, QueueProgress, QueueRef
+from cproxy.engine.snapshots import Handout, Outcome
+from cproxy.model import QueueProgress, QueueRef, Record
 
 T = TypeVar("T")
 
@@ -35,10 +35,10 @@ class Log:
     """Messages per queue; ``read`` is the store's range read."""
 
     def __init__(self, refs: Iterable[QueueRef]) -> None:
-        self.queues: dict[QueueRef, list[Message]] = {ref: [] for ref in refs}
+        self.queues: dict[QueueRef, list[Record]] = {ref: [] for ref in refs}
         self.reads = 0
 
-    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Message]:
+    async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         self.reads += 1
         return self.queues[(topic, qid)][from_offset : from_offset + max_count]
 
@@ -65,14 +65,12 @@ class Harness:
         qid: int = 0,
         topic: str | None = None,
         delay_ms: int | None = None,
-    ) -> Message:
+    ) -> Record:
         """Append a message (delayed by ``delay_ms`` from the harness clock, if given)."""
         topic = topic or self.topic
         queue = self.log[(topic, qid)]
         due = None if delay_ms is None else self.now + delay_ms
-        message = Message(
-            topic, qid, len(queue), key, orjson.dumps(body), None, None, self.now, due
-        )
+        message = Record(topic, qid, len(queue), key, orjson.dumps(body), None, None, self.now, due)
         queue.append(message)
         self.engine.note_end(topic, qid, len(queue))
         return message
@@ -92,17 +90,17 @@ class Harness:
             found = run_now(self.store.read(r.topic, r.qid, r.from_offset, r.max_count))
             self.engine.on_fetched(r, found)
 
-    def pull(self, n: int = 100, topics: Iterable[str] | None = None) -> list[Delivery]:
+    def pull(self, n: int = 100, topics: Iterable[str] | None = None) -> list[Handout]:
         self.fetch()
         return self.engine.pull(n, list(topics) if topics else None, self.now)
 
-    def ack(self, *deliveries: Delivery) -> Outcome:
+    def ack(self, *deliveries: Handout) -> Outcome:
         return self.engine.apply_results(
             [Result(d.message.topic, d.message.qid, acks=[d.message.offset]) for d in deliveries],
             self.now,
         )
 
-    def fail(self, *deliveries: Delivery, error: str = "boom") -> Outcome:
+    def fail(self, *deliveries: Handout, error: str = "boom") -> Outcome:
         return self.engine.apply_results(
             [
                 Result(d.message.topic, d.message.qid, fails=[(d.message.offset, error)])
@@ -116,9 +114,9 @@ class Harness:
         self.engine.tick(self.now)
 
 
-def keys(deliveries: Iterable[Delivery]) -> list[str | None]:
+def keys(deliveries: Iterable[Handout]) -> list[str | None]:
     return [d.message.key for d in deliveries]
 
 
-def offsets(deliveries: Iterable[Delivery]) -> list[int]:
+def offsets(deliveries: Iterable[Handout]) -> list[int]:
     return [d.message.offset for d in deliveries]

@@ -10,16 +10,16 @@ import orjson
 
 from cproxy.engine.delays import RELEASE_BEYOND_MS
 from cproxy.engine.sequencer import SLEEP_BEYOND_MS
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 from tests.engine.harness import Harness, keys, offsets
 
 UNORDERED = {"t": {"order_by": "none"}}
 
 
-def drain(h: Harness, until_ms: int, step_ms: int = 100) -> list[Delivery]:
+def drain(h: Harness, until_ms: int, step_ms: int = 100) -> list[Handout]:
     """Pull and ack everything until the harness clock reaches ``until_ms``, checking on
     every pull that nothing is handed out before its ``deliver_at_ms``."""
-    got: list[Delivery] = []
+    got: list[Handout] = []
     while True:
         batch = h.pull(1000)
         for d in batch:
@@ -109,7 +109,7 @@ def test_a_buffer_full_of_soon_due_delayed_heads_does_not_block_other_keys() -> 
         h.produce(f"free-{i}")
     h.fetch()
     assert h.engine.stats(h.now).buffered == 50
-    got: list[Delivery] = []
+    got: list[Handout] = []
     for _ in range(5):  # a few park checks (every 100 ms)
         h.advance(100)
         got += h.pull()

@@ -10,13 +10,13 @@ deliveries only.
 from __future__ import annotations
 
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery, Outcome
+from cproxy.engine.snapshots import Handout, Outcome
 from cproxy.engine.work import ATTEMPT_RESERVE
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, offsets
 
 
-def fenced_ack(h: Harness, *deliveries: Delivery) -> Outcome:
+def fenced_ack(h: Harness, *deliveries: Handout) -> Outcome:
     return h.engine.apply_results(
         [
             Result(
@@ -31,7 +31,7 @@ def fenced_ack(h: Harness, *deliveries: Delivery) -> Outcome:
     )
 
 
-def fenced_fail(h: Harness, d: Delivery) -> Outcome:
+def fenced_fail(h: Harness, d: Handout) -> Outcome:
     return h.engine.apply_results(
         [
             Result(
@@ -45,7 +45,7 @@ def fenced_fail(h: Harness, d: Delivery) -> Outcome:
     )
 
 
-def pull_run(h: Harness, per_key: int = 8) -> list[Delivery]:
+def pull_run(h: Harness, per_key: int = 8) -> list[Handout]:
     h.fetch()
     return h.engine.pull(100, None, h.now, max_per_key=per_key)
 

@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, offsets
 
 
-def fenced_ack(*deliveries: Delivery) -> list[Result]:
+def fenced_ack(*deliveries: Handout) -> list[Result]:
     return [
         Result(
             d.message.topic,

@@ -7,11 +7,11 @@ import pytest
 
 from cproxy.engine.orderkey import OrderBy, parse_json_path
 from cproxy.errors import InvalidOrderBy
-from cproxy.model import Message
+from cproxy.model import Record
 
 
-def msg(body: Any = None, key: str | None = "k", qid: int = 3, raw: bytes | None = None) -> Message:
-    return Message("t", qid, 0, key, raw if raw is not None else orjson.dumps(body), None, None, 0)
+def msg(body: Any = None, key: str | None = "k", qid: int = 3, raw: bytes | None = None) -> Record:
+    return Record("t", qid, 0, key, raw if raw is not None else orjson.dumps(body), None, None, 0)
 
 
 @pytest.mark.parametrize(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 from cproxy.model import QueueProgress
 from tests.engine.harness import Harness, offsets
 
 
-def refs(deliveries: list[Delivery]) -> list[tuple[int, int]]:
+def refs(deliveries: list[Handout]) -> list[tuple[int, int]]:
     return sorted((d.message.qid, d.message.offset) for d in deliveries)
 
 

@@ -12,11 +12,11 @@ import pytest
 
 from cproxy.engine.records import Result
 from cproxy.errors import ReplayInProgress
-from cproxy.model import Message
+from cproxy.model import Record
 from tests.engine.harness import Harness, keys, offsets
 
 
-def found(h: Harness, value: str, topic: str = "t") -> list[list[Message]]:
+def found(h: Harness, value: str, topic: str = "t") -> list[list[Record]]:
     """What the driver reads for a replay: per served queue, the range below its bound."""
     bounds = h.engine.replay_bounds(topic)
     return [

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Delivery
+from cproxy.engine.snapshots import Handout
 from cproxy.model import MessageRef
 from tests.engine.harness import Harness
 
@@ -28,18 +28,18 @@ PULLERS = 8
 @dataclass
 class Puller:
     sends_stale_tails: bool
-    answers: list[list[Delivery]] = field(default_factory=list)
+    answers: list[list[Handout]] = field(default_factory=list)
 
 
 @dataclass
 class Late:
     due_step: int
-    delivery: Delivery
+    delivery: Handout
     handout: int
 
 
-def _runs(answer: list[Delivery]) -> list[list[Delivery]]:
-    runs: dict[int, list[Delivery]] = {}
+def _runs(answer: list[Handout]) -> list[list[Handout]]:
+    runs: dict[int, list[Handout]] = {}
     for d in answer:
         runs.setdefault(d.run, []).append(d)
     return list(runs.values())
@@ -77,7 +77,7 @@ def test_runs_with_fails_and_stale_tail_acks_keep_order_and_fencing(order_by: st
         finished.add(ref)
         unfinished[value_of[ref]].remove(ref[2])
 
-    def send(d: Delivery, handout: int, fail: bool) -> None:
+    def send(d: Handout, handout: int, fail: bool) -> None:
         ref = d.message.ref
         stale = latest[ref] != handout  # handed out again since: this result is stale
         offset = d.message.offset

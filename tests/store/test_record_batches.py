@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cproxy.model import Message, NewMessage, QueueStats
+from cproxy.model import NewMessage, QueueStats, Record
 from cproxy.store import _records
 from cproxy.store._sqlite_schema import _V3_TABLES
 from cproxy.store.base import Store
@@ -34,9 +34,9 @@ def new(qid: int, n: int, *, key: str | None = None, msg_id: str | None = None) 
 
 def test_a_record_keeps_every_field_of_a_message() -> None:
     stored = [
-        Message("t", 3, 10, "k", b'{"a":[1,2]}', b'{"h":"v"}', "id-1", T0),
-        Message("t", 3, 11, None, b'"\\u00e9\\n"', None, None, T0 + 1),
-        Message("t", 3, 12, "\u00e9", b"{}", b"{}", "\u00e9", T0 + 2),
+        Record("t", 3, 10, "k", b'{"a":[1,2]}', b'{"h":"v"}', "id-1", T0),
+        Record("t", 3, 11, None, b'"\\u00e9\\n"', None, None, T0 + 1),
+        Record("t", 3, 12, "\u00e9", b"{}", b"{}", "\u00e9", T0 + 2),
     ]
     row = _records.batch(stored)
     assert (row.qid, row.base, row.next_off, row.first_ts, row.last_ts) == (3, 10, 13, T0, T0 + 2)
@@ -45,7 +45,7 @@ def test_a_record_keeps_every_field_of_a_message() -> None:
     assert _records.decode("t", 3, rows, 11, 12) == stored[1:2]
     assert _records.decode("t", 3, rows, 13, 20) == []
     # Consecutive batches decode as one run; a gap between them splits it.
-    more = [Message("t", 3, off, None, b"{}", None, None, T0 + 3) for off in (13, 14, 20)]
+    more = [Record("t", 3, off, None, b"{}", None, None, T0 + 3) for off in (13, 14, 20)]
     second, third = _records.batch(more[:2]), _records.batch(more[2:])
     rows += [
         (second.base, second.next_off, second.records),
@@ -54,8 +54,8 @@ def test_a_record_keeps_every_field_of_a_message() -> None:
     assert _records.decode("t", 3, rows, 0, 100) == [*stored, *more]
     assert _records.decode("t", 3, rows, 12, 20) == [stored[2], *more[:2]]
     assert _records.decode("t", 3, rows, 14, 21) == more[1:]
-    # Every per-message field of ``Message`` is in a record (topic, qid, offset are the row's).
-    per_message = [f.name for f in fields(Message)][3:]
+    # Every per-message field of ``Record`` is in a record (topic, qid, offset are the row's).
+    per_message = [f.name for f in fields(Record)][3:]
     assert list(_records.RECORD_FIELDS) == per_message
     # Bodies are stored as they came, byte for byte, not re-encoded.
     assert b'{"a":[1,2]}' in row.records
@@ -170,7 +170,7 @@ def rewrite_as(path: Path, version: int, change: Callable[[sqlite3.Connection], 
         conn.close()
 
 
-def back_to_version_2(path: Path, stored: list[tuple[int, Message]]) -> None:
+def back_to_version_2(path: Path, stored: list[tuple[int, Record]]) -> None:
     """Rewrite a closed store's file as schema version 2 kept it: ``stored`` (tid, message)
     in the ``messages`` table, no batches."""
 
@@ -202,7 +202,7 @@ async def test_a_version_2_file_is_migrated_keeping_every_message(tmp_path: Path
     tids = {name: s.topics.topic(name)[0] for name in ("t", "u")}
     await s.close()
     stored = [(tids["t"], m) for ms in before.values() for m in ms]
-    stored.append((tids["u"], Message("u", 0, 0, None, b'{"n":1}', b'{"h":1}', None, T0)))
+    stored.append((tids["u"], Record("u", 0, 0, None, b'{"n":1}', b'{"h":1}', None, T0)))
     # What version 2 left: one row per message; offsets 0..1 of queue 0 cut by retention.
     kept = [(t, m) for t, m in stored if m.topic == "u" or m.offset > 1 or m.qid]
     back_to_version_2(tmp_path / "cproxy.db", kept)
@@ -245,7 +245,7 @@ async def test_a_version_2_file_with_no_or_one_message_is_migrated(
     await s.create_topic("t", 1)
     await s.close()
     back_to_version_2(
-        tmp_path / "cproxy.db", [(1, Message("t", 0, 0, "k", b"{}", None, None, T0))][:rows]
+        tmp_path / "cproxy.db", [(1, Record("t", 0, 0, "k", b"{}", None, None, T0))][:rows]
     )
     s = SqliteStore(tmp_path)
     await s.open()

@@ -12,10 +12,10 @@ from cproxy.errors import InvalidRequest, StoreError, TopicConflict, TopicNotFou
 from cproxy.model import (
     AppendResult,
     DeadLetter,
-    Message,
     NewMessage,
     QueueProgress,
     QueueStats,
+    Record,
     TopicInfo,
 )
 from cproxy.store.base import Store
@@ -38,7 +38,7 @@ async def next_offsets(store: Store, topic: str) -> list[int]:
     return [s.next_offset for s in await store.queue_stats(topic)]
 
 
-def dead(message: Message, attempts: int = 3, *, redriving: bool = False) -> DeadLetter:
+def dead(message: Record, attempts: int = 3, *, redriving: bool = False) -> DeadLetter:
     return DeadLetter("g", message, attempts, f"error {attempts}", T0 + 5, redriving)
 
 
@@ -99,8 +99,8 @@ async def test_append_stores_every_field(store: Store) -> None:
         WINDOW,
     )
     assert await store.read("t", 1, 0, 10) == [
-        Message("t", 1, 0, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", T0),
-        Message("t", 1, 1, None, b'"plain"', None, None, T0),
+        Record("t", 1, 0, "ride-7", b'{"event":"pickup"}', b'{"h":"v"}', "m-1", T0),
+        Record("t", 1, 1, None, b'"plain"', None, None, T0),
     ]
 
 
@@ -127,9 +127,9 @@ async def test_append_results_carry_the_stored_message(store: Store) -> None:
         "t", [new(1, b"1", key="k", id="a"), new(1, b"2", id="a"), new(0, b"3")], T0, WINDOW
     )
     assert [r.message for r in results] == [
-        Message("t", 1, 0, "k", b"1", None, "a", T0),
+        Record("t", 1, 0, "k", b"1", None, "a", T0),
         None,  # a duplicate: the original is not read back
-        Message("t", 0, 0, None, b"3", None, None, T0),
+        Record("t", 0, 0, None, b"3", None, None, T0),
     ]
     assert [r.message for r in results if r.message] == [
         *await store.read("t", 1, 0, 10),
@@ -320,7 +320,7 @@ async def test_progress_keeps_the_delivery_number_ceiling(store: Store) -> None:
     assert (await store.load_progress("g"))[("t", 0)].attempt_ceiling == 2001
 
 
-async def _dead_lettered(store: Store) -> list[Message]:
+async def _dead_lettered(store: Store) -> list[Record]:
     """Two topics, inserted out of order; returns their messages."""
     await store.create_topic("b", 2)
     await store.create_topic("a", 1)
@@ -425,7 +425,7 @@ async def test_commit_is_all_or_nothing(store: Store) -> None:
     messages = await _dead_lettered(store)
     await store.commit("g", {("b", 0): QueueProgress(1)}, [dead(messages[0])])
     await store.start_redrive("g", None)
-    ghost = dead(Message("gone", 0, 0, None, b"{}", None, None, T0))
+    ghost = dead(Record("gone", 0, 0, None, b"{}", None, None, T0))
     with pytest.raises(TopicNotFound):
         await store.commit(
             "g", {("b", 0): QueueProgress(2)}, [dead(messages[1]), ghost], [messages[0].ref]
