@@ -353,7 +353,9 @@ class GroupRunner:
             logger.exception("group=%s hand-out to waiting pulls failed", self.name)
 
     def _take_for(self, waiter: Waiter) -> list[Handout]:
-        return self._take(waiter.max_messages, waiter.topics, waiter.max_per_key, waiter.consumer)
+        return self._take(
+            waiter.max_messages, waiter.topics, waiter.max_per_key, waiter.consumer, now_ms()
+        )
 
     def _take(
         self,
@@ -361,19 +363,20 @@ class GroupRunner:
         topics: Collection[str] | None,
         max_per_key: int,
         consumer: str | None,
+        now: int,
     ) -> list[Handout]:
-        """One engine pull, within ``max_per_second`` when the group has one."""
+        """One engine pull at ``now`` (ms), within ``max_per_second`` when the group has one."""
         rate = self._rate
         if rate is None:
-            return self._engine.pull(max_messages, topics, now_ms(), max_per_key, consumer)
-        now = monotonic_s()
-        allowed = rate.allowance(max_messages, now)
+            return self._engine.pull(max_messages, topics, now, max_per_key, consumer)
+        at_s = monotonic_s()
+        allowed = rate.allowance(max_messages, at_s)
         if allowed == 0:
             if self._engine.has_ready(topics):
-                self._hand_out_after(rate.held_back(now))
+                self._hand_out_after(rate.held_back(at_s))
             return []
-        deliveries = self._engine.pull(allowed, topics, now_ms(), max_per_key, consumer)
-        rate.spend(len(deliveries), now)
+        deliveries = self._engine.pull(allowed, topics, now, max_per_key, consumer)
+        rate.spend(len(deliveries), at_s)
         return deliveries
 
     def _has_work_in_rate(self, topics: Collection[str] | None) -> bool:
@@ -506,9 +509,10 @@ class GroupRunner:
         applied, unknown = self.apply(results) if results else Outcome(0, [])
         if self._stopping:
             return Pulled([], applied, unknown)
+        now = now_ms()
         if consumer is not None:
-            self.activity.pulled(consumer, now_ms())
-        deliveries = self._take(max_messages, topics, max_per_key, consumer)
+            self.activity.pulled(consumer, now)
+        deliveries = self._take(max_messages, topics, max_per_key, consumer, now)
         if not deliveries and wait_ms > 0:
             waiter = Waiter(max_messages, topics, max_per_key, consumer)
             deliveries = await self._waiters.wait(waiter, wait_ms / 1000, gone, self._give_back)
