@@ -10,7 +10,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from consumer_sdk import Client, Message, Produce, RetryPolicy
+from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
 from consumer_sdk.errors import ClientError, ResourceConflict
 from consumer_sdk.models import QueueResult
 
@@ -101,3 +101,53 @@ def check_outputs(outputs: list[Message], inputs: int) -> None:
         by_key[m.key].append(m.body["seq"])
     for key, seqs in by_key.items():
         assert seqs == list(range(len(seqs))), key
+
+
+class Workers:
+    """The pipeline's consumers: four SDK workers on ``servers`` turning ``in`` into ``out``
+    with the outputs on the ack (``handled`` lists every input handled, again included), and
+    a ``StaleWorker`` on ``stale_url()``; started on entry, stopped on exit."""
+
+    def __init__(
+        self,
+        servers: str | list[str],
+        stale_url: Callable[[], str],
+        request_timeout_ms: int,
+        retry_attempts: int,
+    ) -> None:
+        self.handled: list[int] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        retry = RetryPolicy(
+            max_attempts=retry_attempts, initial_backoff_ms=100, max_backoff_ms=1000
+        )
+        self._consumers = [
+            Consumer(
+                servers,
+                group="pipe",
+                handler=self._handle,
+                concurrency=2,
+                wait_ms=200,
+                request_timeout_ms=request_timeout_ms,
+                retry=retry,
+            )
+            for _ in range(4)
+        ]
+        self.stale = StaleWorker(stale_url, self._stop)
+
+    def _handle(self, msg: Message) -> Produce:
+        with self._lock:
+            self.handled.append(msg.body["n"])
+        return transform(msg)
+
+    def __enter__(self) -> Workers:
+        for consumer in self._consumers:
+            consumer.start()
+        self.stale.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for consumer in self._consumers:
+            consumer.stop()
+        self.stale.join(15)

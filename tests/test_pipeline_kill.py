@@ -11,7 +11,6 @@ finished, and "out" holds exactly one output per input, in input order per key.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
+from consumer_sdk import Client, RetryPolicy
 from consumer_sdk.errors import ClientError
-from tests.pipeline import GROUP, StaleWorker, check_outputs, inputs, read_all, transform
+from tests.pipeline import GROUP, Workers, check_outputs, inputs, read_all
 from tests.support import wait_until
 from tests.test_kill_restart import ServerProcess, free_port
 
@@ -56,32 +55,8 @@ def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess
         batch = inputs(INPUTS)
         for start in range(0, INPUTS, 500):
             client.produce("in", batch[start : start + 500])
-    handled: list[int] = []
-    lock = threading.Lock()
-
-    def handle(msg: Message) -> Produce:
-        with lock:
-            handled.append(msg.body["n"])
-        return transform(msg)
-
-    workers = [
-        Consumer(
-            server.url,
-            group="pipe",
-            handler=handle,
-            concurrency=2,
-            wait_ms=200,
-            request_timeout_ms=3000,
-            retry=RetryPolicy(max_attempts=8, initial_backoff_ms=100, max_backoff_ms=1000),
-        )
-        for _ in range(4)
-    ]
-    stop = threading.Event()
-    stale = StaleWorker(lambda: server.url, stop)
-    for w in workers:
-        w.start()
-    stale.start()
-    try:
+    with Workers(server.url, lambda: server.url, 3000, 8) as workers:
+        handled = workers.handled
         for kill in range(KILLS):
             target = (kill + 1) * INPUTS // (KILLS + 2)
             wait_until(lambda t=target: len(handled) >= t, 60, message=f"{target} handled")
@@ -89,13 +64,8 @@ def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess
             time.sleep(0.2)
             server.start()
         wait_until(lambda: finished(server.url), 120, 0.2, "every input finished")
-    finally:
-        stop.set()
-        for w in workers:
-            w.stop()
-        stale.join(10)
     check_outputs(read_all(server.url, "out", INPUTS), INPUTS)
-    assert stale.refused > 0, "the stale worker was never refused"
+    assert workers.stale.refused > 0, "the stale worker was never refused"
     assert len(handled) > INPUTS  # inputs were handled again (kills, stale worker)
     with httpx.Client(base_url=server.url) as http:
         assert http.get("/readyz").status_code == 200

@@ -10,15 +10,14 @@ every input is finished and "out" holds exactly one output per input, in input o
 from __future__ import annotations
 
 import signal
-import threading
 
 import httpx
 import pytest
 
-from consumer_sdk import Client, Consumer, Message, Produce, RetryPolicy
+from consumer_sdk import Client
 from tests.cluster.conftest import ProxyFactory
 from tests.cluster.proxies import Proxy
-from tests.pipeline import GROUP, StaleWorker, check_outputs, inputs, read_all, transform
+from tests.pipeline import GROUP, Workers, check_outputs, inputs, read_all
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -61,32 +60,8 @@ def test_pipeline_over_two_proxies_with_hand_overs(proxies: ProxyFactory) -> Non
         for start in range(0, INPUTS, 400):
             client.produce("in", batch[start : start + 400])
     wait_until(lambda: owns_some(p0) and owns_some(p1), 30, 0.05, "queues on both proxies")
-    handled: list[int] = []
-    lock = threading.Lock()
-
-    def handle(msg: Message) -> Produce:
-        with lock:
-            handled.append(msg.body["n"])
-        return transform(msg)
-
-    workers = [
-        Consumer(
-            [p0.url, p1.url],
-            group="pipe",
-            handler=handle,
-            concurrency=2,
-            wait_ms=200,
-            request_timeout_ms=5000,
-            retry=RetryPolicy(max_attempts=6, initial_backoff_ms=100, max_backoff_ms=1000),
-        )
-        for _ in range(4)
-    ]
-    stop = threading.Event()
-    stale = StaleWorker(lambda: p0.url, stop)
-    for w in workers:
-        w.start()
-    stale.start()
-    try:
+    with Workers([p0.url, p1.url], lambda: p0.url, 5000, 6) as workers:
+        handled = workers.handled
         wait_until(lambda: len(handled) >= INPUTS // 4, 60, message="a quarter handled")
         p1.signal(signal.SIGTERM)  # its queues are handed over to p0
         assert p1.wait(60) in (0, -signal.SIGTERM), p1.log()
@@ -94,11 +69,6 @@ def test_pipeline_over_two_proxies_with_hand_overs(proxies: ProxyFactory) -> Non
         p1.start()  # joins again: some queues are handed back to it
         wait_until(lambda: owns_some(p1), 30, 0.05, "p1 owning queues again")
         wait_until(lambda: lag_free([p0, p1]), 120, 0.2, "every input finished")
-    finally:
-        stop.set()
-        for w in workers:
-            w.stop()
-        stale.join(15)
     assert "handed over" in p1.log() or "handed over" in p0.log()
-    assert stale.refused > 0, "the stale worker was never refused"
+    assert workers.stale.refused > 0, "the stale worker was never refused"
     check_outputs(read_all(p0.url, "out", INPUTS), INPUTS)
