@@ -109,6 +109,8 @@ class ConsumerCore(Wakeups):
         self._stop_requested = asyncio.Event()
         self._closed = asyncio.Event()
         self._runs = Runs()
+        #: pull answers may hold same-key runs (``max_per_key`` > 1), handled via ``_runs``
+        self._per_key_runs = config.max_per_key > 1
 
     async def wait_closed(self, timeout_s: float) -> None:
         """Wait until the core closes (background tasks end), or ``timeout_s`` passes."""
@@ -134,6 +136,11 @@ class ConsumerCore(Wakeups):
         Within a same-key run the next message is dispatched only after this one acked; a
         fail ends the run here (the server sends the rest back behind the failed message).
         """
+        if not self._per_key_runs:  # no same-key runs: nothing waits for this one
+            if not self.ledger.settle(delivery, error, True):
+                return False
+            self.notify()
+            return True
         # Acking a run's message while later ones wait here releases nothing on the server.
         urgent = error is not None or not self._runs.has_rest(delivery)
         if not self.ledger.settle(delivery, error, urgent):
@@ -149,6 +156,9 @@ class ConsumerCore(Wakeups):
     def finish(self, delivery: Delivery, returned: object) -> None:
         """A handler returned ``returned`` (thread-safe): a plain ack, or with ``Produce``
         outputs, the ack and the outputs in one call (``_outputs``)."""
+        if returned is None:  # the usual plain ack, without looking for outputs
+            self.settle(delivery, None)
+            return
         outputs = outputs_of(returned)
         if outputs is None:
             self.settle(delivery, None)
@@ -195,7 +205,7 @@ class ConsumerCore(Wakeups):
 
     def _dispatch(self, deliveries: list[Delivery]) -> None:
         """Hand a pull's deliveries to the dispatcher: same-key runs one message at a time."""
-        if self.config.max_per_key > 1:
+        if self._per_key_runs:
             deliveries = self._runs.split(deliveries)
         self._dispatcher.submit(deliveries)
 

@@ -16,7 +16,7 @@ from consumer_sdk.models import Message
 
 from ._core import ConsumerCore
 from ._ledger import Delivery
-from ._trace import traced
+from ._trace import Handlers
 from ._util import describe, message_label
 
 log = logging.getLogger("consumer_sdk.consumer")
@@ -43,7 +43,7 @@ class ThreadDispatcher:
     """
 
     def __init__(self, handler: SyncHandler, concurrency: int, name: str) -> None:
-        self._handler = traced(handler)
+        self._handlers = Handlers(handler)
         self._concurrency = concurrency
         self._name = name
         self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
@@ -65,16 +65,17 @@ class ThreadDispatcher:
             self._threads.append(thread)
 
     def submit(self, deliveries: list[Delivery]) -> None:
+        self._handlers.choose()
         for d in deliveries:
             self._queue.put(d)
 
     def _work(self) -> None:
         core = self._core
         assert core is not None
-        handler = self._handler
+        handlers = self._handlers
         while (delivery := self._queue.get()) is not None:
             try:
-                result = handler(delivery.message)
+                result = handlers.current(delivery.message)
                 if inspect.isawaitable(result):
                     # Acking an un-awaited coroutine would lose the message: refuse loudly.
                     if inspect.iscoroutine(result):
@@ -106,7 +107,9 @@ class TaskDispatcher:
     """
 
     def __init__(self, handler: AsyncHandler, concurrency: int) -> None:
-        self._handler = traced(handler)
+        self._handlers = Handlers(handler)
+        # The traced twin of an async handler is async too.
+        self._is_async = inspect.iscoroutinefunction(handler)
         self._concurrency = concurrency
         self._backlog: deque[Delivery] = deque()
         self._workers: set[asyncio.Task[None]] = set()
@@ -116,6 +119,7 @@ class TaskDispatcher:
         self._core = core
 
     def submit(self, deliveries: list[Delivery]) -> None:
+        self._handlers.choose()
         self._backlog.extend(deliveries)
         self._spawn(1)
         # More workers only if the first one leaves a backlog when it first suspends: a
@@ -132,19 +136,19 @@ class TaskDispatcher:
     async def _drain(self) -> None:
         core = self._core
         assert core is not None
-        handler, backlog = self._handler, self._backlog
-        is_async = inspect.iscoroutinefunction(handler)
+        handlers, backlog, is_async = self._handlers, self._backlog, self._is_async
+        settle, finish = core.settle, core.finish
         while backlog:
             delivery = backlog.popleft()
             try:
-                result = handler(delivery.message)
+                result = handlers.current(delivery.message)
                 if is_async or inspect.isawaitable(result):  # plain functions run on the loop
                     result = await result  # type: ignore[misc]
             except Exception as exc:
                 _log_failure(delivery.message, exc)
-                core.settle(delivery, describe(exc))
+                settle(delivery, describe(exc))
             else:
-                core.finish(delivery, result)
+                finish(delivery, result)
 
     async def close(self, timeout_s: float | None) -> None:
         # Called after draining (or after drain_timeout_ms): whatever still runs is abandoned,

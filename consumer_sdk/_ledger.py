@@ -10,7 +10,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
+from typing import Any
 
 from consumer_sdk.models import Message, QueueResult
 
@@ -31,12 +32,34 @@ class Delivery:
     sending: bool = False
 
 
-@dataclass(slots=True)
-class _QueueOutcomes:
-    acks: list[int] = field(default_factory=list)
-    fails: list[tuple[int, str | None]] = field(default_factory=list)
-    #: offset -> the attempt each result answers (every result is sent fenced)
-    attempts: dict[int, int] = field(default_factory=dict)
+#: One recorded result: the message and its handler's error (None: acked).
+_Outcome = tuple[Message, "str | None"]
+
+
+def _group(restored: list[QueueResult], outcomes: list[_Outcome]) -> list[QueueResult]:
+    """Results per queue: ``restored`` (from a failed send, older) first, then ``outcomes``."""
+    queues: dict[tuple[str, int], tuple[list[int], list[tuple[int, str | None]], list[Any]]] = {}
+    for r in restored:
+        q = queues.get((r.topic, r.qid))
+        if q is None:
+            q = queues[(r.topic, r.qid)] = ([], [], [])
+        q[0].extend(r.acks)
+        q[1].extend(r.fails)
+        q[2].extend(r.attempts)
+    for msg, error in outcomes:
+        q = queues.get((msg.topic, msg.qid))
+        if q is None:
+            q = queues[(msg.topic, msg.qid)] = ([], [], [])
+        if error is None:
+            q[0].append(msg.offset)
+        else:
+            q[1].append((msg.offset, error))
+        q[2].append((msg.offset, msg.attempt))
+    return [
+        # An offset settled twice (a redelivery) is fenced by its latest attempt.
+        QueueResult(topic, qid, tuple(acks), tuple(fails), tuple(dict(attempts).items()))
+        for (topic, qid), (acks, fails, attempts) in queues.items()
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +86,11 @@ class Ledger:
     def __init__(self, servers: int) -> None:
         self._lock = threading.Lock()
         self._outstanding: set[Delivery] = set()
-        self._pending: list[dict[tuple[str, int], _QueueOutcomes]] = [{} for _ in range(servers)]
-        self._pending_count = [0] * servers
+        # Per server: results recorded since the last send, in order (grouped per queue only
+        # when sent: settling a message is on every message's path), and results whose
+        # sending failed, to go first next time.
+        self._pending: list[list[_Outcome]] = [[] for _ in range(servers)]
+        self._restored: list[list[QueueResult]] = [[] for _ in range(servers)]
         #: monotonic time the oldest pending result of each server was recorded
         self._pending_since: list[float | None] = [None] * servers
         #: some pending result of each server may let the server release a chain's next message
@@ -74,8 +100,8 @@ class Ledger:
     def add_server(self) -> int:
         """Room for one more server; returns its index (servers are never removed)."""
         with self._lock:
-            self._pending.append({})
-            self._pending_count.append(0)
+            self._pending.append([])
+            self._restored.append([])
             self._pending_since.append(None)
             self._urgent.append(False)
             return len(self._pending) - 1
@@ -103,22 +129,18 @@ class Ledger:
                 return False
             delivery.settled = True
             self._outstanding.discard(delivery)
-            msg = delivery.message
             server = delivery.server
-            outcomes = self._pending[server].get((msg.topic, msg.qid))
-            if outcomes is None:
-                outcomes = self._pending[server][(msg.topic, msg.qid)] = _QueueOutcomes()
-            outcomes.attempts[msg.offset] = msg.attempt
-            if error is None:
-                outcomes.acks.append(msg.offset)
-                self._counts["acked"] += 1
-            else:
-                outcomes.fails.append((msg.offset, error[:_MAX_ERROR_CHARS]))
-                self._counts["failed"] += 1
-            self._pending_count[server] += 1
-            self._urgent[server] = self._urgent[server] or urgent
+            pending = self._pending[server]
             if self._pending_since[server] is None:
                 self._pending_since[server] = time.monotonic()
+            if error is None:
+                pending.append((delivery.message, None))
+                self._counts["acked"] += 1
+            else:
+                pending.append((delivery.message, error[:_MAX_ERROR_CHARS]))
+                self._counts["failed"] += 1
+            if urgent:
+                self._urgent[server] = True
             return True
 
     def drop(self, deliveries: Iterable[Delivery]) -> None:
@@ -136,34 +158,27 @@ class Ledger:
     def take_results(self, server: int) -> list[QueueResult]:
         """Remove and return the pending results of ``server`` (to send them)."""
         with self._lock:
-            pending = self._pending[server]
-            if not pending:
+            outcomes, restored = self._pending[server], self._restored[server]
+            if not outcomes and not restored:
                 return []
-            self._pending[server] = {}
-            self._pending_count[server] = 0
+            self._pending[server] = []
+            self._restored[server] = []
             self._pending_since[server] = None
             self._urgent[server] = False
-        return [
-            QueueResult(topic, qid, tuple(o.acks), tuple(o.fails), tuple(o.attempts.items()))
-            for (topic, qid), o in pending.items()
-        ]
+        return _group(restored, outcomes)
 
     def restore_results(self, server: int, results: Iterable[QueueResult]) -> None:
         """Put back results whose sending failed, so a later pull or ack carries them."""
         with self._lock:
-            pending = self._pending[server]
-            for r in results:
-                outcomes = pending.get((r.topic, r.qid))
-                if outcomes is None:
-                    outcomes = pending[(r.topic, r.qid)] = _QueueOutcomes()
-                outcomes.acks.extend(r.acks)
-                outcomes.fails.extend(r.fails)
-                outcomes.attempts.update(r.attempts)
-                self._pending_count[server] += len(r.acks) + len(r.fails)
-            if pending:
+            self._restored[server].extend(results)
+            if self._restored[server] or self._pending[server]:
                 self._urgent[server] = True  # not known any more: assume so
                 if self._pending_since[server] is None:
                     self._pending_since[server] = time.monotonic()
+
+    def _pending_results(self, server: int) -> int:
+        restored = self._restored[server]
+        return len(self._pending[server]) + sum(len(r.acks) + len(r.fails) for r in restored)
 
     def pending_since(self, server: int) -> float | None:
         return self._pending_since[server]
@@ -173,7 +188,7 @@ class Ledger:
         return self._urgent[server]
 
     def has_pending(self) -> bool:
-        return any(self._pending_count)
+        return any(self._pending) or any(self._restored)
 
     def due_for_extension(self, now: float, after_s: float) -> dict[int, list[Delivery]]:
         """Deliveries whose lease started ``after_s`` or more ago, by server."""
@@ -192,5 +207,5 @@ class Ledger:
         with self._lock:
             counts = dict(self._counts)
             counts["outstanding"] = len(self._outstanding)
-            counts["pending_results"] = sum(self._pending_count)
+            counts["pending_results"] = sum(map(self._pending_results, range(len(self._pending))))
         return ConsumerStats(**counts)
