@@ -21,6 +21,7 @@ from consumer_sdk.models import (
     QueueResult,
     SendResult,
     TopicInfo,
+    send_result_from_wire,
 )
 
 _OUTGOING_KEYS: Final = frozenset(
@@ -35,13 +36,19 @@ def mapping(data: Any) -> dict[str, Any]:
 
 def outgoing_to_wire(message: OutgoingMessage) -> dict[str, Any]:
     """Check one message mapping for :meth:`Producer.send_batch` and return its wire form."""
-    extra = set(message) - _OUTGOING_KEYS
-    if extra:
+    if not _OUTGOING_KEYS.issuperset(message):
+        extra = set(message) - _OUTGOING_KEYS
         raise ValueError(
             f"unknown message field(s) {sorted(extra)}; allowed: {sorted(_OUTGOING_KEYS)}"
         )
     if "body" not in message:
         raise ValueError("every message needs a 'body' (any JSON value)")
+    if type(message) is dict:
+        for value in message.values():
+            if value is None:
+                break
+        else:  # nothing to leave out: encoded as it is, not copied (a copy is per message)
+            return message
     return {k: v for k, v in message.items() if v is not None or k == "body"}
 
 
@@ -133,10 +140,7 @@ def parse_send(data: Any, expected: int) -> list[SendResult]:
         got = len(rows) if isinstance(rows, list) else repr(rows)
         raise ProtocolError(f"sent {expected} messages but got {got} results")
     try:
-        return [
-            SendResult(qid=int(r["qid"]), offset=int(r["offset"]), duplicate=bool(r["duplicate"]))
-            for r in rows
-        ]
+        return [send_result_from_wire(r) for r in rows]
     except (KeyError, TypeError, ValueError) as exc:
         raise ProtocolError(f"malformed produce result: {exc!r}") from exc
 

@@ -111,6 +111,21 @@ class SendResult:
     duplicate: bool = False
 
 
+_send_qid, _send_offset, _send_duplicate = (
+    SendResult.__dict__[name].__set__ for name in SendResult.__dataclass_fields__
+)
+
+
+def send_result_from_wire(r: Mapping[str, Any]) -> SendResult:
+    """A :class:`SendResult` from one element of a produce answer's ``results`` (KeyError,
+    TypeError or ValueError if bad); set like :func:`message_from_wire`, for the same reason."""
+    result = _new(SendResult)
+    _send_qid(result, int(r["qid"]))
+    _send_offset(result, int(r["offset"]))
+    _send_duplicate(result, bool(r["duplicate"]))
+    return result
+
+
 @dataclass(frozen=True, slots=True)
 class TopicInfo:
     """A topic: its name and number of queues (qids ``0..queues-1``)."""
