@@ -9,7 +9,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 
 from consumer_sdk.models import Message
@@ -17,7 +17,7 @@ from consumer_sdk.models import Message
 from ._core import ConsumerCore
 from ._ledger import Delivery
 from ._trace import Handlers
-from ._util import describe, message_label
+from ._util import describe
 
 log = logging.getLogger("consumer_sdk.consumer")
 
@@ -25,14 +25,43 @@ SyncHandler = Callable[[Message], object]
 AsyncHandler = Callable[[Message], Awaitable[object] | object]
 
 
-def _log_failure(msg: Message, exc: BaseException) -> None:
-    log.warning(
-        "handler failed on %s (attempt %d): %s",
-        message_label(msg),
-        msg.attempt,
-        describe(exc),
-        exc_info=exc,
-    )
+#: How many failed messages a dispatcher remembers having logged with a traceback.
+_LOGGED_MAX = 10_000
+
+
+class FailureLog:
+    """Logs handler failures: a message's first failure here as a warning with its traceback,
+    its later ones as one line at info level.
+
+    A message that fails on every delivery is retried every ``retry_backoff_ms`` for as long
+    as its key is stuck (up to ``max_attempts``): a traceback each time would flood the log,
+    and formatting and writing one costs ~0.2 ms of the consumer's CPU per failure. The error
+    of every failure still goes to the server with its result (dead letters show the last).
+    Thread-safe (the sync consumer's workers share one).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logged: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+
+    def failed(self, msg: Message, exc: BaseException, error: str) -> None:
+        ref = (msg.topic, msg.qid, msg.offset)
+        with self._lock:
+            again = ref in self._logged
+            if not again:
+                self._logged[ref] = None
+                if len(self._logged) > _LOGGED_MAX:
+                    self._logged.popitem(last=False)
+        if again:
+            log.info(
+                "handler failed again on %s/%d@%d (attempt %d): %s",
+                msg.topic, msg.qid, msg.offset, msg.attempt, error,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "handler failed on %s/%d@%d (attempt %d): %s",
+                msg.topic, msg.qid, msg.offset, msg.attempt, error, exc_info=exc,
+            )  # fmt: skip
 
 
 class ThreadDispatcher:
@@ -44,6 +73,7 @@ class ThreadDispatcher:
 
     def __init__(self, handler: SyncHandler, concurrency: int, name: str) -> None:
         self._handlers = Handlers(handler)
+        self._failures = FailureLog()
         self._concurrency = concurrency
         self._name = name
         self._queue: queue.SimpleQueue[Delivery | None] = queue.SimpleQueue()
@@ -82,8 +112,9 @@ class ThreadDispatcher:
                         result.close()
                     raise TypeError("the handler returned an awaitable: use AsyncConsumer")
             except BaseException as exc:  # SystemExit too: it would silently end the thread
-                _log_failure(delivery.message, exc)
-                core.settle(delivery, describe(exc))
+                error = describe(exc)
+                self._failures.failed(delivery.message, exc, error)
+                core.settle(delivery, error)
             else:
                 core.finish(delivery, result)
 
@@ -108,6 +139,7 @@ class TaskDispatcher:
 
     def __init__(self, handler: AsyncHandler, concurrency: int) -> None:
         self._handlers = Handlers(handler)
+        self._failures = FailureLog()
         # The traced twin of an async handler is async too.
         self._is_async = inspect.iscoroutinefunction(handler)
         self._concurrency = concurrency
@@ -145,8 +177,9 @@ class TaskDispatcher:
                 if is_async or inspect.isawaitable(result):  # plain functions run on the loop
                     result = await result  # type: ignore[misc]
             except Exception as exc:
-                _log_failure(delivery.message, exc)
-                settle(delivery, describe(exc))
+                error = describe(exc)
+                self._failures.failed(delivery.message, exc, error)
+                settle(delivery, error)
             else:
                 finish(delivery, result)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from collections import defaultdict
@@ -214,3 +215,31 @@ async def test_async_for_needs_a_started_consumer_without_handler(fake: FakeServ
             await anext(aiter(consumer))
     with pytest.raises(ConsumerError):
         await make(fake).run()
+
+
+async def test_a_message_failing_again_is_logged_with_its_traceback_only_once(
+    fake: FakeServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A stuck key fails on every retry: one traceback, then a line per failure.
+    fake.produce("rides", {"n": 0}, key="stuck")
+    fake.produce("rides", {"n": 1}, key="other")
+    attempts = 0
+
+    async def handle(msg: Message) -> None:
+        nonlocal attempts
+        if msg.key == "stuck":
+            attempts += 1
+            raise ValueError("still down")
+
+    caplog.set_level(logging.INFO, logger="consumer_sdk.consumer")
+    async with make(fake, handle):
+        await async_wait_for(lambda: attempts >= 3)
+    failures = [r for r in caplog.records if r.getMessage().startswith("handler failed")]
+    first, *again = failures
+    assert first.levelno == logging.WARNING and first.exc_info is not None
+    assert first.getMessage() == "handler failed on rides/0@0 (attempt 1): ValueError: still down"
+    assert len(again) == attempts - 1 >= 2
+    assert all(r.levelno == logging.INFO and r.exc_info is None for r in again)
+    assert again[0].getMessage() == (
+        "handler failed again on rides/0@0 (attempt 2): ValueError: still down"
+    )
