@@ -38,7 +38,7 @@ from ._lease import extend, lease_settings
 from ._ledger import ConsumerStats, Delivery, Ledger
 from ._outputs import outputs_of, send_outputs
 from ._results import flush, gave_up, note_answer
-from ._runs import Runs, run_count
+from ._runs import Runs, several_runs
 from ._util import describe, group_body, prepare_group, recreate_group
 from ._wakeup import Wakeups
 
@@ -463,7 +463,7 @@ class ConsumerCore(Wakeups):
             ledger.count("pulls")
             note_answer(ledger, client, answer.results)
             # One run filling the answer says nothing of other keys: assume no backlog.
-            self._backlog[index] = len(answer.messages) >= asked and run_count(answer.messages) > 1
+            self._backlog[index] = len(answer.messages) >= asked and several_runs(answer.messages)
             if answer.messages:
                 idle_ms = 0.0
                 self._dispatch(ledger.add(index, answer.messages))

@@ -17,9 +17,10 @@ from consumer_sdk.models import Message
 from ._ledger import Delivery
 
 
-def run_count(messages: Sequence[Message]) -> int:
-    """How many runs (order values) a pull answer holds; a message without ``run`` is one."""
-    return sum(1 for i, m in enumerate(messages) if m.run is None or m.run == i)
+def several_runs(messages: Sequence[Message]) -> bool:
+    """Whether a pull answer holds more than one run (order value); a message without ``run``
+    is one. Stops at the second run's first message: the second message, without runs."""
+    return any(i > 0 and (m.run is None or m.run == i) for i, m in enumerate(messages))
 
 
 class Runs:
