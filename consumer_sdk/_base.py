@@ -231,11 +231,14 @@ class BaseClient:
         # Retrying a produce that may have been applied stores it twice, unless every message
         # has an id: then the server's dedup turns the repeat into "duplicate": true.
         all_ids = all(m.get("id") is not None for m in wire)
+        count = len(wire)
         return Call(
             "POST",
             f"/v1/topics/{seg(topic)}/messages",
-            lambda d: parse_send(d, len(wire)),
-            {"messages": wire},
+            lambda d: parse_send(d, count),
+            # Encoded once, here: a repeat sends the same bytes, also where ``wire`` holds the
+            # caller's own dicts (``outgoing_to_wire`` does not copy what needs no change).
+            content=orjson.dumps({"messages": wire}),
             idempotent=all_ids,
         )
 
