@@ -98,8 +98,8 @@ class ArrowPartitionJob(_Job):
         context = TaskContext.get()
         partition_id = context.partitionId() if context is not None else 0
         writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
-        rows = ArrowRows(self.encoder.schema_json, self.encoder.order_index).rows(batches)
-        summary = writer.write_converted(rows)
+        arrow = ArrowRows(self.encoder.schema_json, self.encoder.order_index)
+        summary = writer.write_chunks(arrow.chunks(writer.timed(batches), self.options.batch_size))
         yield pa.RecordBatch.from_pylist([asdict(summary)])
 
 
