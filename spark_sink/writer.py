@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sink.columns import ArrowRows, arrow_supported
 from spark_sink.executors import check_executors
-from spark_sink.options import SinkOptions
+from spark_sink.options import DEFAULT_BATCH_SIZE, SinkOptions
 from spark_sink.partition import BatchHook, PartitionWriter, WriteSummary
 from spark_sink.producer import check_service
 from spark_sink.rowjson import RowEncoder
@@ -110,7 +110,7 @@ def write_dataframe(
     key_col: str,
     order_col: str | None = None,
     id_cols: Sequence[str] | None = None,
-    batch_size: int = 500,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     *,
     on_batch: BatchHook | None = None,
     **options: Any,
@@ -209,7 +209,7 @@ def foreach_batch_writer(
     key_col: str,
     order_col: str | None = None,
     id_cols: Sequence[str] | None = None,
-    batch_size: int = 500,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     *,
     namespace: str = "",
     on_batch: BatchHook | None = None,
