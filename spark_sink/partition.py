@@ -319,7 +319,7 @@ class PartitionWriter:
             kept.append((start, end))
             start = end
         bodies = encoder.bodies(columns)
-        if len(kept) != 1 or kept[0] != (0, len(keys)):
+        if len(ids) != len(keys):  # rows with a null key were skipped
             keys = [k for s, e in kept for k in keys[s:e]]
             bodies = [b for s, e in kept for b in bodies[s:e]]
         dumps = orjson.dumps
