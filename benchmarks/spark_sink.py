@@ -11,6 +11,14 @@ Parquet's in the same round:
 - ``to python``: the same repartitioned and sorted rows reaching a Python worker through
   Arrow and counted there: what feeding the sink costs Spark, nothing sent.
 
+What bounds each run: CPU seconds per 1,000 rows of Spark's JVM, of its Python workers
+(the sink's encoding and HTTP client, or the counting) and of the server, against the 2
+cores' capacity over the run's wall time; and for the sink, where its tasks' time went
+(``WriteSummary``): waiting for Spark's rows, converting and encoding them, and waiting for
+the server's acknowledgements, in µs per row (summed over tasks running side by side).
+The warm-up runs each Python path with as many tasks as the measured runs, so no measured
+run starts Python workers.
+
 Needs pyspark, pyarrow, pandas and Java 17.
 
     python -m benchmarks.spark_sink --quick                 # 50k rows, 1 round
@@ -19,6 +27,7 @@ Needs pyspark, pyarrow, pandas and Java 17.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -26,8 +35,11 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.harness.report import (
     arg_parser,
@@ -39,9 +51,37 @@ from benchmarks.harness.report import (
     table,
 )
 from benchmarks.harness.server import servers
-from spark_sink import SinkOptions, prepare
+from spark_sink import SinkOptions, WriteSummary, prepare
+from spark_sink.options import DEFAULT_BATCH_SIZE
 from spark_sink.producer import check_service
 from spark_sink.writer import write_with_options
+
+#: A measurement's run: (rows handled, rows expected, the sink's summary or None).
+Run = Callable[[], tuple[int, int, WriteSummary | None]]
+
+
+@dataclass
+class Cpu:
+    """CPU seconds (user + system) of Spark's JVM, of its Python workers (the JVM's
+    descendants, which Spark keeps for reuse) and of the server, read before and after a
+    run."""
+
+    jvm: psutil.Process
+    server: psutil.Process
+    last: dict[str, float] = field(default_factory=dict)
+
+    def read(self) -> dict[str, float]:
+        workers = 0.0
+        for child in self.jvm.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                t = child.cpu_times()
+                workers += t.user + t.system
+        jvm, server = self.jvm.cpu_times(), self.server.cpu_times()
+        return {
+            "jvm": jvm.user + jvm.system,
+            "workers": workers,
+            "server": server.user + server.system,
+        }
 
 
 def dataset(spark: Any, rows: int, keys: int) -> Any:
@@ -89,44 +129,67 @@ def to_python(df: Any) -> int:
     return int(sum(r["rows"] for r in counted))
 
 
-def measurements(
-    df: Any, url: str, args: Any, scratch: Path
-) -> dict[str, Callable[[], tuple[int, int]]]:
-    """Name -> a run returning (rows handled, rows expected)."""
+def measurements(df: Any, url: str, args: Any, scratch: Path) -> dict[str, Run]:
+    """Name -> a run returning (rows handled, rows expected, the sink's summary or None)."""
     rows = df.count()
 
-    def sink() -> tuple[int, int]:
+    def sink() -> tuple[int, int, WriteSummary | None]:
         options = new_options(url, batch_size=args.batch_size)
-        return write_with_options(df, options, service_checked=True).stored, rows
+        summary = write_with_options(df, options, service_checked=True)
+        return summary.stored, rows, summary
 
-    def parquet() -> tuple[int, int]:
+    def parquet() -> tuple[int, int, WriteSummary | None]:
         target = scratch / uuid.uuid4().hex
         prepare(df, "key", "seq").write.parquet(str(target))
         shutil.rmtree(target, ignore_errors=True)
-        return rows, rows
+        return rows, rows, None
 
-    return {"sink": sink, "parquet": parquet, "to python": lambda: (to_python(df), rows)}
+    return {"sink": sink, "parquet": parquet, "to python": lambda: (to_python(df), rows, None)}
 
 
-def run_size(spark: Any, url: str, args: Any, size: int, scratch: Path) -> list[dict[str, Any]]:
+#: What the report shows per measurement, besides rows/s: CPU ms per 1,000 rows by process,
+#: and the sink tasks' time split in µs per row.
+CPU_PARTS = ("jvm", "workers", "server")
+TASK_PARTS = ("input_ms", "encode_ms", "wait_ms")
+
+
+def run_size(
+    spark: Any, url: str, args: Any, size: int, scratch: Path, cpu: Cpu
+) -> list[dict[str, Any]]:
     df = dataset(spark, size, args.keys)
+    # Unmeasured: the JVM compiles the shuffle and sort at this size for whichever run
+    # comes first, which would otherwise always be the first round's first measurement.
+    to_python(df)
     runs = measurements(df, url, args, scratch)
     names = list(runs)
     rates: dict[str, list[float]] = {n: [] for n in names}
     to_parquet: dict[str, list[float]] = {n: [] for n in names}
+    #: Per measurement and part: one value per round.
+    usage: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    cores = os.cpu_count() or 1
     for rnd in range(args.rounds):
         shift = rnd % len(names)
         this_round: dict[str, float] = {}
         for name in [*names[shift:], *names[:shift]]:
+            before = cpu.read()
             started = time.perf_counter()
-            handled, expected = runs[name]()
+            handled, expected, summary = runs[name]()
             seconds = time.perf_counter() - started
+            after = cpu.read()
             if handled != expected:
                 raise RuntimeError(f"{name}: {handled} rows handled, expected {expected}")
             this_round[name] = size / seconds
+            parts = {p: (after[p] - before[p]) * 1e6 / size for p in CPU_PARTS}
+            parts["busy"] = sum(after[p] - before[p] for p in CPU_PARTS) / (seconds * cores)
+            if summary is not None:
+                parts.update({p: getattr(summary, p) * 1e3 / size for p in TASK_PARTS})
+            for part, value in parts.items():
+                usage[name].setdefault(part, []).append(value)
             progress(
                 f"{size:,} rows round {rnd + 1} {name:22s} {size / seconds:10,.0f} rows/s "
-                f"({seconds:.1f} s, load {load_average()})"
+                f"({seconds:.1f} s, load {load_average()}; "
+                + ", ".join(f"{p} {v:.2f}" for p, v in parts.items())
+                + ")"
             )
         for name in names:
             rates[name].append(this_round[name])
@@ -141,16 +204,29 @@ def run_size(spark: Any, url: str, args: Any, size: int, scratch: Path) -> list[
             "max": max(rates[name]),
             "of_parquet": median(to_parquet[name]),
             "runs": rates[name],
+            # CPU in µs per row (= ms per 1,000 rows), "busy" the share of all cores used.
+            **{part: median(values) for part, values in usage[name].items()},
         }
         for name in names
     ]
+
+
+def warm_up(spark: Any, url: str, scratch: Path) -> None:
+    """Start the JVM's code paths and as many Python workers as the measured runs use (one
+    per concurrent task: a measured run that had to start one would pay its start-up)."""
+    warm = dataset(spark, 10_000, 100)
+    tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
+    write_with_options(warm, new_options(url, num_partitions=tasks), service_checked=True)
+    prepare(warm, "key", "seq", tasks).mapInArrow(count_batches, "rows long").collect()
+    warm.write.parquet(str(scratch / "warm"))
+    warm.unpersist()
 
 
 def main() -> None:
     parser = arg_parser(__doc__, "50k rows, 1 round")
     parser.add_argument("--sizes", default=None, help="rows per size (default 200000)")
     parser.add_argument("--keys", type=int, default=10_000)
-    parser.add_argument("--batch-size", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
@@ -175,13 +251,14 @@ def main() -> None:
     try:
         with servers("cproxy-spark-") as (server,):
             url = server.url
-            # Warm up the JVM, the Python workers and both write paths (not measured).
-            warm = dataset(spark, 10_000, 100)
-            write_with_options(warm, new_options(url), service_checked=True)
-            warm.write.parquet(str(scratch / "warm"))
-            warm.unpersist()
+            warm_up(spark, url, scratch)
+            # The gateway's process is spark-submit, which execs the JVM (same pid).
+            gateway = spark.sparkContext._gateway
+            assert gateway is not None, "no local JVM"
+            jvm = psutil.Process(gateway.proc.pid)
+            cpu = Cpu(jvm, psutil.Process(server.pid))
             for size in sizes:
-                results += run_size(spark, url, args, size, scratch)
+                results += run_size(spark, url, args, size, scratch, cpu)
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
@@ -201,9 +278,33 @@ def main() -> None:
                 ],
                 results,
             ),
+            "",
+            "What bounds it: CPU ms per 1,000 rows by process, the share of the "
+            f"{os.cpu_count()} cores busy over the run, and the sink tasks' time in µs per row "
+            "(summed over tasks side by side; *wait*: for the server's acknowledgements "
+            "beyond encoding the next batch)",
+            "",
+            table(
+                [
+                    ("rows", lambda r: f"{r['rows']:,}"),
+                    ("measurement", lambda r: r["measurement"]),
+                    ("JVM", lambda r: f"{r['jvm']:.1f}"),
+                    ("Python workers", lambda r: f"{r['workers']:.1f}"),
+                    ("server", lambda r: f"{r['server']:.1f}"),
+                    ("cores busy", lambda r: f"{r['busy']:.0%}"),
+                    ("task: input", lambda r: _task(r, "input_ms")),
+                    ("encode", lambda r: _task(r, "encode_ms")),
+                    ("wait", lambda r: _task(r, "wait_ms")),
+                ],
+                results,
+            ),
         ]
     )
     finish(out, args, "spark_sink", text)
+
+
+def _task(result: dict[str, Any], part: str) -> str:
+    return f"{result[part]:.1f}" if part in result else "-"
 
 
 if __name__ == "__main__":

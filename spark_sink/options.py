@@ -23,6 +23,9 @@ NULL_KEY_POLICIES: tuple[str, ...] = ("error", "skip", "unkeyed")
 TOPIC_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,200}$")
 #: Server defaults from the contract (docs/api.md "Limits"); the sink stays below them.
 SERVER_MAX_MESSAGES_PER_CALL = 1000
+#: Messages per produce call: the server's default limit, since every call costs the sink
+#: and the server a fixed overhead (HTTP, a transaction) on top of the per-message work.
+DEFAULT_BATCH_SIZE = SERVER_MAX_MESSAGES_PER_CALL
 DEFAULT_MAX_MESSAGE_BYTES = 1024 * 1024
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 #: Ids ride in every message; a prefix longer than this is almost certainly a mistake.
@@ -42,7 +45,7 @@ class SinkOptions:
     order_col: str | None = None
     id_cols: tuple[str, ...] | None = None
     body_cols: tuple[str, ...] | None = None
-    batch_size: int = 500
+    batch_size: int = DEFAULT_BATCH_SIZE
     num_partitions: int | None = None
     null_keys: NullKeyPolicy = "error"
     id_prefix: str = ""

@@ -6,6 +6,11 @@ arrive here is the order in which they are stored. The request runs on a sender 
 while the next batch is encoded, so the worker does not sit idle while the server stores a
 batch.
 
+Rows arrive in column form, a produce batch's worth at a time (:data:`Chunk`), and are
+encoded that way: keys, ids, bodies and JSON in one pass over the chunk, the checks and the
+per-key state once per run of a key. Per-row Python work was what bounded the sink's own
+CPU; in this form a row costs a few C-level steps of comprehensions instead of method calls.
+
 Message ids: ``<id_prefix><digest of the key><digest of the id columns>`` plus ``-<n>`` for
 the n-th (n >= 1) identical row of a key (id scheme 1, of earlier sinks, has no key digest;
 see ``rowjson.key_digest`` for why the key comes first). Counting identical rows per key
@@ -17,14 +22,17 @@ in the task, which ``prepare()`` guarantees and the writer verifies.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass, field, fields
+from itertools import groupby, islice, repeat
+from time import perf_counter
+from typing import Any, TypeVar
 
 import httpx
 import orjson
 
+from spark_sink.columns import Chunk
 from spark_sink.errors import (
     MessageTooLargeError,
     NullKeyError,
@@ -34,6 +42,8 @@ from spark_sink.errors import (
 from spark_sink.options import SinkOptions
 from spark_sink.producer import Producer, ProduceResult
 from spark_sink.rowjson import RowEncoder, key_digest
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,12 @@ class WriteSummary:
 
     Counts come from successful task attempts only. Messages stored by a failed attempt
     show up as ``duplicates`` of its successful retry, never twice.
+
+    The ``*_ms`` fields say where the tasks' time went, summed over tasks (so more than the
+    write's wall time when tasks ran side by side): waiting for Spark to hand over rows,
+    converting and encoding them, and waiting for the server to acknowledge a batch beyond
+    the time spent encoding the next one. They vary from run to run, so summaries compare
+    equal without them.
     """
 
     rows: int = 0
@@ -59,6 +75,9 @@ class WriteSummary:
     batches: int = 0
     retries: int = 0
     partitions: int = 0
+    input_ms: int = field(default=0, compare=False)
+    encode_ms: int = field(default=0, compare=False)
+    wait_ms: int = field(default=0, compare=False)
 
     def __add__(self, other: WriteSummary) -> WriteSummary:
         return WriteSummary(
@@ -124,27 +143,67 @@ class PartitionWriter:
         self._occurrences: dict[str, int] = {}
         self._last_order: Any = _UNSET
         self._closed_keys: set[str | None] = set()
+        #: Seconds spent waiting for input (Spark), encoding, and for acknowledgements.
+        self._input_s = 0.0
+        self._encode_s = 0.0
+        self._wait_s = 0.0
 
     def write(self, rows: Iterable[Sequence[Any]]) -> WriteSummary:
         """Send every row; returns this partition's summary or raises on a fatal error."""
-        encoder, order_index = self._encoder, self._encoder.order_index
-        if order_index is None:
-            return self.write_converted((encoder.convert(row), None) for row in rows)
-        return self.write_converted((encoder.convert(row), row[order_index]) for row in rows)
+        return self.write_chunks(self._row_chunks(rows))
 
     def write_converted(self, items: Iterable[tuple[Sequence[Any], Any]]) -> WriteSummary:
         """Send rows given as (every column converted by the encoder's rules, the raw
-        ``order_col`` value or None): what :meth:`write` does after converting, and what the
-        Arrow path (:mod:`spark_sink.columns`) feeds directly."""
+        ``order_col`` value or None)."""
+        return self.write_chunks(self._converted_chunks(items))
+
+    def timed(self, source: Iterable[_T]) -> Iterator[_T]:
+        """``source`` as it is, with the time spent waiting for its items counted as input
+        time (``WriteSummary.input_ms``): wrap Spark's iterator in it."""
+        items = iter(source)
+        while True:
+            started = perf_counter()
+            item = next(items, _UNSET)
+            self._input_s += perf_counter() - started
+            if item is _UNSET:
+                return
+            yield item
+
+    def _row_chunks(self, rows: Iterable[Sequence[Any]]) -> Iterator[Chunk]:
+        # A produce batch's worth at a time: a full batch is sent as soon as its last row
+        # is here, not when the next row arrives (which may take long to compute upstream).
+        encoder, order_index = self._encoder, self._encoder.order_index
+        items = iter(rows)
+        while True:
+            started = perf_counter()
+            block = list(islice(items, self._options.batch_size))
+            self._input_s += perf_counter() - started
+            if not block:
+                return
+            converted = [encoder.convert(row) for row in block]
+            order = None if order_index is None else [row[order_index] for row in block]
+            yield list(zip(*converted, strict=True)), order
+
+    def _converted_chunks(self, items: Iterable[tuple[Sequence[Any], Any]]) -> Iterator[Chunk]:
+        source = iter(items)
+        while True:
+            block = list(islice(source, self._options.batch_size))
+            if not block:
+                return
+            yield list(zip(*(row for row, _ in block), strict=True)), [o for _, o in block]
+
+    def write_chunks(self, chunks: Iterable[Chunk]) -> WriteSummary:
+        """Send rows given in column form (see :data:`Chunk`): what :meth:`write` does
+        after converting, and what the Arrow path (:mod:`spark_sink.columns`) feeds."""
         stats = dict.fromkeys((f.name for f in fields(WriteSummary)), 0)
         stats["partitions"] = 1
-        batch: list[bytes] = []
-        batch_bytes = _REQUEST_OVERHEAD
         kwargs: dict[str, Any] = {"transport": self._transport}
         if self._sleep is not None:
             kwargs["sleep"] = self._sleep
-        max_request_bytes, batch_size = self._options.max_request_bytes, self._options.batch_size
-        encode = self._encode
+        batch_size = self._options.batch_size
+        #: Encoded messages not sent yet, in order.
+        queued: list[bytes] = []
+        items = iter(chunks)
         # One sender thread: a batch is sent while the next one is encoded here. Still one
         # request at a time, and a batch is sent only after the previous one was acknowledged
         # (and its on_batch hook ran), so order, retries and the hook's view are unchanged.
@@ -153,24 +212,22 @@ class PartitionWriter:
             ThreadPoolExecutor(1, thread_name_prefix="cproxy-sink-send") as sender,
         ):
             try:
-                for converted, order_value in items:
-                    stats["rows"] += 1
-                    message = encode(converted, order_value)
-                    if message is None:
-                        stats["skipped"] += 1
-                        continue
-                    if batch and batch_bytes + len(message) + 1 > max_request_bytes:
-                        self._flush(sender, producer, batch, stats)
-                        batch, batch_bytes = [], _REQUEST_OVERHEAD
-                    batch.append(message)
-                    batch_bytes += len(message) + 1
-                    # Flush as soon as a batch is full rather than when the next row arrives:
-                    # the next row may take long to compute upstream.
-                    if len(batch) >= batch_size:
-                        self._flush(sender, producer, batch, stats)
-                        batch, batch_bytes = [], _REQUEST_OVERHEAD
-                if batch:
-                    self._flush(sender, producer, batch, stats)
+                while True:
+                    started, input_before = perf_counter(), self._input_s
+                    chunk = next(items, None)
+                    if chunk is not None:
+                        columns, order = chunk
+                        stats["rows"] += len(columns[0]) if columns else 0
+                        queued += self._encode_chunk(columns, order, stats)
+                    # Time in the chunk iterator that was not input is conversion: encoding.
+                    spent = perf_counter() - started
+                    self._encode_s += spent - (self._input_s - input_before)
+                    if chunk is None:
+                        break
+                    while len(queued) >= batch_size:
+                        self._flush(sender, producer, queued, stats)
+                while queued:
+                    self._flush(sender, producer, queued, stats)
                 self._settle(stats)
             finally:
                 # On an error here, let the batch in flight finish before the task fails, so
@@ -179,6 +236,9 @@ class PartitionWriter:
                 if pending is not None:
                     wait([pending])
             stats["retries"] = producer.retries
+        stats["input_ms"] = round(self._input_s * 1000)
+        stats["encode_ms"] = round(self._encode_s * 1000)
+        stats["wait_ms"] = round(self._wait_s * 1000)
         summary = WriteSummary(**stats)
         log.info("partition %d written: %s", self._partition_id, summary)
         return summary
@@ -187,10 +247,23 @@ class PartitionWriter:
         self,
         sender: ThreadPoolExecutor,
         producer: Producer,
-        batch: list[bytes],
+        queued: list[bytes],
         stats: dict[str, int],
     ) -> None:
-        """Start sending ``batch`` once the previous batch is acknowledged."""
+        """Take the next batch off ``queued`` (at most ``batch_size`` messages and
+        ``max_request_bytes``) and start sending it once the previous batch is
+        acknowledged."""
+        batch = queued[: self._options.batch_size]
+        limit = self._options.max_request_bytes - _REQUEST_OVERHEAD
+        if sum(map(len, batch)) + len(batch) > limit:
+            size, taken = 0, 0
+            for message in batch:
+                size += len(message) + 1
+                if taken and size > limit:
+                    break
+                taken += 1
+            batch = batch[:taken]
+        del queued[: len(batch)]
         self._settle(stats)
         self._pending = sender.submit(producer.send, batch)
 
@@ -199,7 +272,11 @@ class PartitionWriter:
         if self._pending is None:
             return
         pending, self._pending = self._pending, None
-        results = pending.result()
+        started = perf_counter()
+        try:
+            results = pending.result()
+        finally:
+            self._wait_s += perf_counter() - started
         duplicates = sum(1 for r in results if r.duplicate)
         stats["sent"] += len(results)
         stats["duplicates"] += duplicates
@@ -216,40 +293,81 @@ class PartitionWriter:
                 )
             )
 
-    def _encode(self, converted: Sequence[Any], order_value: Any) -> bytes | None:
-        """One converted row as an encoded message, or ``None`` when a null key is skipped."""
+    def _encode_chunk(
+        self, columns: Sequence[Sequence[Any]], order: Sequence[Any] | None, stats: dict[str, int]
+    ) -> list[bytes]:
+        """The messages of a chunk's rows, in order (rows whose null key is skipped left out
+        and counted). Checks and per-key state go a run of one key at a time; ids, bodies and
+        JSON a whole chunk at a time."""
         encoder = self._encoder
-        key = encoder.key(converted)
-        if key is None:
-            if self._options.null_keys == "error":
-                raise NullKeyError(
-                    f"cproxy sink: null in key column {self._options.key_col!r} "
-                    f"(partition {self._partition_id}); filter such rows out or set "
-                    "null_keys='skip' or 'unkeyed'"
-                )
-            if self._options.null_keys == "skip":
-                return None
-        if not self._started or key != self._current_key:
-            self._start_key(key)
-        if self._verify:
-            self._verify_order(key, order_value)
-        digest = encoder.digest(converted)
-        message_id = self._key_id_prefix + digest
-        if self._check_groups:
-            seen = self._occurrences.get(digest, 0)
-            self._occurrences[digest] = seen + 1
-            if seen:
-                message_id = f"{message_id}-{seen}"
-        message: dict[str, Any] = {"key": key, "body": encoder.body(converted), "id": message_id}
-        if self._headers is not None:
-            message["headers"] = self._headers
-        encoded = orjson.dumps(message)
-        if len(encoded) > self._max_message_bytes:
+        keys = encoder.keys(columns)
+        digests = encoder.digests(columns)
+        ids: list[str] = []
+        kept: list[tuple[int, int]] = []
+        start = 0
+        for key, run in groupby(keys):
+            end = start + len(list(run))
+            if key is None and self._null_key_skipped():
+                stats["skipped"] += end - start
+                start = end
+                continue
+            if not self._started or key != self._current_key:
+                self._start_key(key)
+            if self._verify and order is not None:
+                self._verify_run(key, order[start:end])
+            ids += self._run_ids(digests[start:end])
+            kept.append((start, end))
+            start = end
+        bodies = encoder.bodies(columns)
+        if len(ids) != len(keys):  # rows with a null key were skipped
+            keys = [k for s, e in kept for k in keys[s:e]]
+            bodies = [b for s, e in kept for b in bodies[s:e]]
+        dumps = orjson.dumps
+        if self._headers is None:
+            encoded = [
+                dumps({"key": k, "body": b, "id": i})
+                for k, b, i in zip(keys, bodies, ids, strict=True)
+            ]
+        else:
+            headers = self._headers
+            encoded = [
+                dumps({"key": k, "body": b, "id": i, "headers": headers})
+                for k, b, i in zip(keys, bodies, ids, strict=True)
+            ]
+        if encoded and max(map(len, encoded)) > self._max_message_bytes:
+            index = next(n for n, m in enumerate(encoded) if len(m) > self._max_message_bytes)
             raise MessageTooLargeError(
-                f"cproxy sink: a row with key {key!r} encodes to {len(encoded)} bytes, over "
-                f"max_message_bytes={self._max_message_bytes}"
+                f"cproxy sink: a row with key {keys[index]!r} encodes to "
+                f"{len(encoded[index])} bytes, over max_message_bytes={self._max_message_bytes}"
             )
         return encoded
+
+    def _null_key_skipped(self) -> bool:
+        """True when rows with a null key are skipped; raises when they are an error."""
+        if self._options.null_keys == "error":
+            raise NullKeyError(
+                f"cproxy sink: null in key column {self._options.key_col!r} "
+                f"(partition {self._partition_id}); filter such rows out or set "
+                "null_keys='skip' or 'unkeyed'"
+            )
+        return self._options.null_keys == "skip"
+
+    def _run_ids(self, digests: list[str]) -> list[str]:
+        """The ids of consecutive rows of the current key, from their digests."""
+        prefix = self._key_id_prefix
+        if not self._check_groups:
+            return [prefix + d for d in digests]
+        seen = self._occurrences
+        if seen.keys().isdisjoint(digests) and len(set(digests)) == len(digests):
+            # No repeated row (the usual case): every row is its digest's first occurrence.
+            seen.update(zip(digests, repeat(1)))
+            return [prefix + d for d in digests]
+        ids = []
+        for digest in digests:
+            count = seen.get(digest, 0)
+            seen[digest] = count + 1
+            ids.append(f"{prefix}{digest}-{count}" if count else prefix + digest)
+        return ids
 
     def _start_key(self, key: str | None) -> None:
         if self._started:
@@ -267,19 +385,22 @@ class PartitionWriter:
         self._occurrences.clear()
         self._last_order = _UNSET
 
-    def _verify_order(self, key: str | None, value: Any) -> None:
+    def _verify_run(self, key: str | None, values: Sequence[Any]) -> None:
+        """Check that the current key's next ``order_col`` values ascend (nulls first)."""
         previous = self._last_order
-        self._last_order = value
-        if previous is _UNSET or previous is None:
-            return
-        try:
-            # Spark sorts nulls first, so a null after a non-null is out of order.
-            broken = value is None or previous > value
-        except TypeError:
-            return
-        if broken:
-            raise OrderViolationError(
-                f"cproxy sink: rows of key {key!r} are not ascending in "
-                f"{self._options.order_col!r} ({previous!r} before {value!r}) in partition "
-                f"{self._partition_id}; call spark_sink.prepare(df, key_col, order_col) first"
-            )
+        for value in values:
+            if previous is not _UNSET and previous is not None:
+                try:
+                    # Spark sorts nulls first, so a null after a non-null is out of order.
+                    broken = value is None or previous > value
+                except TypeError:
+                    broken = False
+                if broken:
+                    raise OrderViolationError(
+                        f"cproxy sink: rows of key {key!r} are not ascending in "
+                        f"{self._options.order_col!r} ({previous!r} before {value!r}) in "
+                        f"partition {self._partition_id}; call "
+                        "spark_sink.prepare(df, key_col, order_col) first"
+                    )
+            previous = value
+        self._last_order = previous

@@ -14,7 +14,6 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import httpx
 
@@ -25,6 +24,7 @@ from consumer_sdk import (
     Client,
     ClientError,
     ProtocolError,
+    SendResult,
     TransportError,
 )
 from consumer_sdk.errors import PermissionDenied, ResourceNotFound
@@ -41,11 +41,8 @@ MAX_RETRY_AFTER_S = 30.0
 MAX_PREFLIGHT_TIMEOUT_MS = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class ProduceResult:
-    qid: int
-    offset: int
-    duplicate: bool
+#: Where a message of a batch was stored (``duplicate``: it was already there).
+ProduceResult = SendResult
 
 
 def _client(options: SinkOptions, transport: httpx.BaseTransport | None, timeout_ms: int) -> Client:
@@ -142,7 +139,7 @@ class Producer:
             return f"HTTP {exc.status} {_error_text(exc)}", retry_after
         except ProtocolError as exc:
             raise SinkUnavailableError(f"cproxy sink: unexpected produce response: {exc}") from exc
-        return [ProduceResult(r.qid, r.offset, r.duplicate) for r in sent], None
+        return sent, None
 
     def _backoff_s(self, attempt: int, retry_after: float | None) -> float:
         if retry_after is not None:

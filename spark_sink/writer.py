@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from spark_sink.columns import ArrowRows, arrow_supported
 from spark_sink.executors import check_executors
-from spark_sink.options import SinkOptions
+from spark_sink.options import DEFAULT_BATCH_SIZE, SinkOptions
 from spark_sink.partition import BatchHook, PartitionWriter, WriteSummary
 from spark_sink.producer import check_service
 from spark_sink.rowjson import RowEncoder
@@ -98,8 +98,8 @@ class ArrowPartitionJob(_Job):
         context = TaskContext.get()
         partition_id = context.partitionId() if context is not None else 0
         writer = PartitionWriter(self.options, self.encoder, partition_id, on_batch=self.on_batch)
-        rows = ArrowRows(self.encoder.schema_json, self.encoder.order_index).rows(batches)
-        summary = writer.write_converted(rows)
+        arrow = ArrowRows(self.encoder.schema_json, self.encoder.order_index)
+        summary = writer.write_chunks(arrow.chunks(writer.timed(batches), self.options.batch_size))
         yield pa.RecordBatch.from_pylist([asdict(summary)])
 
 
@@ -110,7 +110,7 @@ def write_dataframe(
     key_col: str,
     order_col: str | None = None,
     id_cols: Sequence[str] | None = None,
-    batch_size: int = 500,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     *,
     on_batch: BatchHook | None = None,
     **options: Any,
@@ -209,7 +209,7 @@ def foreach_batch_writer(
     key_col: str,
     order_col: str | None = None,
     id_cols: Sequence[str] | None = None,
-    batch_size: int = 500,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     *,
     namespace: str = "",
     on_batch: BatchHook | None = None,

@@ -151,3 +151,53 @@ def test_types_without_a_known_arrow_form_take_the_row_path() -> None:
     assert not arrow_supported("variant")
     nested = {"type": "array", "elementType": "interval year to month", "containsNull": True}
     assert not arrow_supported({"type": "struct", "fields": [{"name": "x", "type": nested}]})
+
+
+def test_timestamps_and_decimals_take_arrow_casts_with_the_row_paths_text() -> None:
+    # Arrow formats these columns itself (no Python value per row): the text must be the row
+    # path's to the character, at the ends of the range and with a zero fraction too.
+    schema = {
+        "type": "struct",
+        "fields": [
+            {"name": n, "type": t, "nullable": True, "metadata": {}}
+            for n, t in (
+                ("at", "timestamp"),
+                ("local", "timestamp_ntz"),
+                ("fare", "decimal(8,2)"),
+                ("tiny", "decimal(38,6)"),
+                ("fine", "decimal(38,18)"),
+            )
+        ],
+    }
+    utc = dt.UTC
+    stamps = [
+        dt.datetime(1, 1, 2, 3, 4, 5, tzinfo=utc),
+        dt.datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=utc),
+        dt.datetime(2024, 5, 1, 12, 0, 0, tzinfo=utc),
+        dt.datetime(9999, 12, 30, 23, 59, 59, 999999, tzinfo=utc),
+        None,
+    ]
+    fares = [Decimal("-0.01"), Decimal("0.00"), Decimal("123456.78"), Decimal("1.5"), None]
+    tiny = [Decimal("0.000001"), Decimal("-0.000001"), Decimal("0"), Decimal("12.5"), None]
+    fine = [Decimal("1E-18"), Decimal("0"), Decimal("-3.25"), Decimal("1E+19"), None]
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array(stamps, pa.timestamp("us", tz="Europe/Berlin")),
+            pa.array([s and s.replace(tzinfo=None) for s in stamps], pa.timestamp("us")),
+            pa.array(fares, pa.decimal128(8, 2)),
+            pa.array(tiny, pa.decimal128(38, 6)),
+            pa.array(fine, pa.decimal128(38, 18)),
+        ],
+        names=["at", "local", "fare", "tiny", "fine"],
+    )
+    encoder = RowEncoder(schema, "fare")
+    local = [s and s.astimezone().replace(tzinfo=None) for s in stamps]
+    naive = [s and s.replace(tzinfo=None) for s in stamps]
+    # A Row holds a decimal at its column's scale (Decimal("1.50") in a decimal(8,2)).
+    decimals = [batch.column(i).to_pylist() for i in (2, 3, 4)]
+    spark_rows = list(zip(local, naive, *decimals, strict=True))
+    expected = [encoder.convert(r) for r in spark_rows]
+    got = [list(row) for row, _ in ArrowRows(schema, None).rows([batch])]
+    assert got == expected
+    assert got[0][:2] == ["0001-01-02T03:04:05.000000Z", "0001-01-02T03:04:05.000000"]
+    assert [row[4] for row in got[:2]] == ["0.000000000000000001", "0.000000000000000000"]

@@ -18,7 +18,7 @@ def test_defaults_and_normalisation() -> None:
     assert options.url == "http://h:1"
     assert options.id_cols == ("a", "b")
     assert options.headers == (("a", "x"), ("z", "1"))
-    assert options.batch_size == 500
+    assert options.batch_size == 1000
     assert options.null_keys == "error"
     assert options.id_scheme == 2
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -186,6 +188,44 @@ def test_batches_respect_the_request_byte_limit(fake_cproxy: FakeCproxy) -> None
 def test_headers_are_attached(fake_cproxy: FakeCproxy) -> None:
     write(fake_cproxy, rows(1, 1), BASE.replace(headers=(("source", "spark"),)))
     assert fake_cproxy.messages[0].headers == {"source": "spark"}
+
+
+def test_ids_do_not_depend_on_where_chunks_and_batches_end(fake_cproxy: FakeCproxy) -> None:
+    # Repeats of a row are numbered across chunk ends, null keys are skipped mid-chunk.
+    data = [(None, 0, "n"), ("a", 1, "x"), ("a", 1, "x"), ("a", 1, "x"), ("a", 2, "y")]
+    data += [(None, 3, "n"), ("b", 1, "x"), ("b", 1, "x")]
+    skip = BASE.replace(null_keys="skip", verify_order=False)
+    small = write(fake_cproxy, data, skip.replace(batch_size=2))
+    ids = [m.id for m in fake_cproxy.messages]
+    assert (small.sent, small.skipped) == (6, 2)
+    assert ids[1:3] == [f"{ids[0]}-1", f"{ids[0]}-2"] and ids[5] == f"{ids[4]}-1"
+    again = FakeCproxy()
+    assert write(again, data, skip.replace(batch_size=1000)).sent == 6
+    assert [m.id for m in again.messages] == ids
+    assert again.calls == [6]
+
+
+def test_summary_says_where_the_tasks_time_went(fake_cproxy: FakeCproxy) -> None:
+    slow_server = 0.05
+    handle = fake_cproxy.handle
+
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(slow_server)  # the server taking its time, not a synchronisation
+        return handle(request)
+
+    def slow_input() -> Iterator[tuple[Any, ...]]:
+        for row in rows(1, 3):
+            time.sleep(slow_server)  # Spark computing the next row
+            yield row
+
+    writer = PartitionWriter(
+        BASE, RowEncoder(SCHEMA, "ride", order_col="seq"), 0, transport=httpx.MockTransport(slow)
+    )
+    summary = writer.write(slow_input())
+    assert summary.batches == 1 and summary.input_ms >= 3 * 50 and summary.wait_ms >= 50
+    assert summary.encode_ms < summary.input_ms
+    # Timings vary between runs: they do not make summaries differ.
+    assert summary == WriteSummary(rows=3, sent=3, stored=3, batches=1, partitions=1)
 
 
 def test_empty_partition_sends_nothing(fake_cproxy: FakeCproxy) -> None:
