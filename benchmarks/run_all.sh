@@ -24,7 +24,7 @@ run peers --rounds 5
 run latency --seconds 5 --rounds 5
 run memory --messages 100000
 run longpoll --pullers 5000 --wait-ms 30000 --idle-s 20 --trickle-s 10
-run spark_sink --sizes 200000 --rounds 3
+run spark_sink --sizes 200000 --rounds 5
 run cluster --repeat 3 --handovers 3
 run push --messages 20000 --rounds 3
 echo "finished $(date -Is) load $(cut -d' ' -f1-3 /proc/loadavg)" >> "$OUT/env.txt"
