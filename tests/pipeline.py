@@ -74,11 +74,13 @@ class StaleWorker(threading.Thread):
                 self._halt.wait(0.1)  # the server is down: try again
 
 
-def read_all(url: str, topic: str, least: int) -> list[Message]:
+def read_all(url: str, topic: str, least: int, timeout_s: float = 60) -> list[Message]:
+    """Every message stored on ``topic`` (at least ``least``, within ``timeout_s``), read
+    through a group of its own, in (qid, offset) order."""
     got: list[Message] = []
     with Client(url) as client:
         client.put_group(f"read-{topic}", {"topics": {topic: {"order_by": "none"}}})
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + timeout_s
         results: list[QueueResult] = []
         while True:
             answer = client.pull(f"read-{topic}", max_messages=500, wait_ms=300, results=results)

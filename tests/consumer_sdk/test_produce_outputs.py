@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import defaultdict
 
 import pytest
@@ -13,27 +12,10 @@ import pytest
 from consumer_sdk import AsyncConsumer, Client, Consumer, Message, Produce, Producer
 from consumer_sdk.errors import ResourceConflict
 from consumer_sdk.models import QueueResult
+from tests.pipeline import read_all
 from tests.support import RunningServer, wait_until
 
 FAST_GROUP = {"retry_backoff_ms": [10], "max_attempts": 5}
-
-
-def stored(url: str, topic: str, least: int) -> list[Message]:
-    """Every message stored on ``topic`` (at least ``least``), read through a group of its
-    own, in (qid, offset) order."""
-    got: list[Message] = []
-    with Client(url) as client:
-        client.put_group(f"read-{topic}", {"topics": {topic: {"order_by": "none"}}})
-        deadline = time.monotonic() + 20
-        results: list[QueueResult] = []
-        while True:
-            answer = client.pull(f"read-{topic}", max_messages=500, wait_ms=300, results=results)
-            got += answer.messages
-            results = [QueueResult(m.topic, m.qid, (m.offset,)) for m in answer.messages]
-            if not answer.messages and len(got) >= least:
-                break
-            assert time.monotonic() < deadline, f"{len(got)} of {least} outputs"
-    return sorted(got, key=lambda m: (m.qid, m.offset))
 
 
 def setup_topics(url: str, messages: int, keys: int) -> None:
@@ -68,7 +50,7 @@ def test_a_handler_returning_produce_stores_one_output_per_input(server: Running
     expected = [n for n in range(200) if n % 10 != 9]
     with consumer:
         wait_until(lambda: consumer.stats().acked >= 200, 30, message="all inputs acked")
-    outs = stored(server.url, "out", len(expected))
+    outs = read_all(server.url, "out", len(expected), timeout_s=20)
     assert sorted(m.body["from"] for m in outs) == expected
     by_key: dict[str | None, list[int]] = defaultdict(list)
     for m in outs:
@@ -103,7 +85,7 @@ async def test_the_async_consumer_sends_outputs_too_in_runs(server: RunningServe
             await asyncio.sleep(0.05)
         # Each run's next message was held only after the outputs before it were stored.
         assert consumer.stats().unknown_results == 0
-    outs = stored(server.url, "out", 200)
+    outs = read_all(server.url, "out", 200, timeout_s=20)
     assert len(outs) == 200
     by_key: dict[str | None, list[int]] = defaultdict(list)
     for m in outs:
@@ -126,7 +108,7 @@ def test_the_client_raises_stale_results_and_stores_nothing(server: RunningServe
         with pytest.raises(ResourceConflict) as caught:
             client.ack("g", [result], produce=out)
         assert caught.value.code == "stale_results"
-    assert len(stored(server.url, "out", 1)) == 1
+    assert len(read_all(server.url, "out", 1, timeout_s=20)) == 1
 
 
 def test_a_late_handler_s_outputs_are_dropped_and_stored_once(server: RunningServer) -> None:
@@ -151,5 +133,5 @@ def test_a_late_handler_s_outputs_are_dropped_and_stored_once(server: RunningSer
     with consumer:
         wait_until(lambda: consumer.stats().unknown_results >= 1, 20, message="a stale ack")
         wait_until(lambda: consumer.stats().acked >= 4, 20, message="every input acked")
-    outs = stored(server.url, "out", 4)
+    outs = read_all(server.url, "out", 4, timeout_s=20)
     assert sorted(m.body["from"] for m in outs) == [0, 1, 2, 3]
