@@ -139,6 +139,15 @@ def acks_for(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"topic": t, "qid": q, "acks": offs} for (t, q), offs in by_queue.items()]
 
 
+def fenced_acks_for(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``results`` entries that ack ``messages``, each fenced by its delivery number."""
+    by_queue: dict[tuple[str, int], list[dict[str, int]]] = {}
+    for m in messages:
+        item = {"offset": m["offset"], "attempt": m["attempt"]}
+        by_queue.setdefault((m["topic"], m["qid"]), []).append(item)
+    return [{"topic": t, "qid": q, "acks": acks} for (t, q), acks in by_queue.items()]
+
+
 def pull_all(
     client: httpx.Client, group: str, count: int, timeout_s: float = 10.0
 ) -> list[dict[str, Any]]:

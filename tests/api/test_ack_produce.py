@@ -12,6 +12,7 @@ from cproxy.tokens import Token
 from tests.api.http_helpers import (
     assert_error,
     create_topic,
+    fenced_acks_for,
     fresh_client,
     pull_all,
     put_group,
@@ -19,14 +20,6 @@ from tests.api.http_helpers import (
 )
 from tests.conftest import ServerFactory
 from tests.support import RunningServer
-
-
-def fenced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_queue: dict[tuple[str, int], list[dict[str, int]]] = {}
-    for m in messages:
-        item = {"offset": m["offset"], "attempt": m["attempt"]}
-        by_queue.setdefault((m["topic"], m["qid"]), []).append(item)
-    return [{"topic": t, "qid": q, "acks": acks} for (t, q), acks in by_queue.items()]
 
 
 def pull(client: httpx.Client, group: str, n: int = 10) -> list[dict[str, Any]]:
@@ -56,7 +49,7 @@ def test_results_and_outputs_in_one_call(server: RunningServer) -> None:
     with fresh_client(server) as client:
         a, _b = setup(client, ["a", "b"])
         body = {
-            "results": fenced([a]),
+            "results": fenced_acks_for([a]),
             "produce": [
                 {"topic": "out", "messages": [{"key": "a", "body": {"from": 0}, "id": "in-0"}]},
                 {"topic": "out", "messages": [{"body": [1, 2], "qid": 1, "delay_ms": 0}]},
@@ -85,7 +78,7 @@ def test_a_stale_result_is_409_and_nothing_is_stored(server: RunningServer) -> N
         response = client.post(
             "/v1/groups/g/ack",
             json={
-                "results": [*fenced([a]), stale],
+                "results": [*fenced_acks_for([a]), stale],
                 "produce": [{"topic": "out", "messages": [{"body": 1}]}],
             },
         )
@@ -95,7 +88,7 @@ def test_a_stale_result_is_409_and_nothing_is_stored(server: RunningServer) -> N
         assert error["unknown"] == [{"topic": "in", "qid": 0, "offset": b["offset"]}]
         assert out_offsets(client) == [0, 0]
         # Nothing applied: a's ack still applies afterwards.
-        response = client.post("/v1/groups/g/ack", json={"results": fenced([a])})
+        response = client.post("/v1/groups/g/ack", json={"results": fenced_acks_for([a])})
         assert response.json() == {"applied": 1, "unknown": []}
 
 
@@ -103,7 +96,7 @@ def test_a_repeated_call_after_a_lost_answer_stores_nothing_twice(server: Runnin
     with fresh_client(server) as client:
         (a,) = setup(client, ["a"])
         body = {
-            "results": fenced([a]),
+            "results": fenced_acks_for([a]),
             "produce": [{"topic": "out", "messages": [{"key": "a", "body": {"n": 1}}]}],
         }
         first = client.post("/v1/groups/g/ack", json=body)
@@ -128,31 +121,36 @@ def test_unfenced_results_and_bad_outputs_are_refused(server: RunningServer) -> 
         assert_error(response, 422, "invalid_request")
         response = client.post(
             "/v1/groups/g/ack",
-            json={"results": fenced([a]), "produce": [{"topic": "out", "messages": []}]},
+            json={"results": fenced_acks_for([a]), "produce": [{"topic": "out", "messages": []}]},
         )
         assert_error(response, 422, "validation_error")
         response = client.post(
             "/v1/groups/g/ack",
             json={
-                "results": fenced([a]),
+                "results": fenced_acks_for([a]),
                 "produce": [{"topic": "out", "messages": [{"body": 1, "qid": 7}]}],
             },
         )
         assert_error(response, 422)
         response = client.post(
             "/v1/groups/g/ack",
-            json={"results": fenced([a]), "produce": [{"topic": "nope", "messages": [{}]}]},
+            json={
+                "results": fenced_acks_for([a]),
+                "produce": [{"topic": "nope", "messages": [{}]}],
+            },
         )
         assert_error(response, 404, "topic_not_found")
         # The produce call's limits count every output message of the call.
         many = [{"topic": "out", "messages": [{}] * 600}] * 2
-        response = client.post("/v1/groups/g/ack", json={"results": fenced([a]), "produce": many})
+        response = client.post(
+            "/v1/groups/g/ack", json={"results": fenced_acks_for([a]), "produce": many}
+        )
         assert_error(response, 413, "too_large")
         assert out_offsets(client) == [0, 0]
         # Still in flight after all of those: the proper call goes through.
         response = client.post(
             "/v1/groups/g/ack",
-            json={"results": fenced([a]), "produce": [{"topic": "out", "messages": [{}]}]},
+            json={"results": fenced_acks_for([a]), "produce": [{"topic": "out", "messages": [{}]}]},
         )
         assert response.status_code == 200, response.text
 
@@ -184,16 +182,18 @@ def test_outputs_need_produce_rights_on_every_output_topic(
         consumer.headers["authorization"] = f"Bearer {CONSUMER}"
         out = {"topic": "out", "messages": [{"body": 1}]}
         response = consumer.post(
-            "/v1/groups/g/ack", json={"results": fenced([a]), "produce": [out]}
+            "/v1/groups/g/ack", json={"results": fenced_acks_for([a]), "produce": [out]}
         )
         assert_error(response, 403, "forbidden")
         other = {"topic": "other", "messages": [{"body": 1}]}
         response = pipe.post(
-            "/v1/groups/g/ack", json={"results": fenced([a]), "produce": [out, other]}
+            "/v1/groups/g/ack", json={"results": fenced_acks_for([a]), "produce": [out, other]}
         )
         assert_error(response, 403, "forbidden")
         # The pipeline token (consumer and producer) may; no admin token needed.
-        response = pipe.post("/v1/groups/g/ack", json={"results": fenced([a]), "produce": [out]})
+        response = pipe.post(
+            "/v1/groups/g/ack", json={"results": fenced_acks_for([a]), "produce": [out]}
+        )
         assert response.status_code == 200, response.text
         assert len(response.json()["produced"]) == 1
         # And it may produce to "out" on its own, as a producer.

@@ -6,6 +6,7 @@ from typing import Any
 
 import httpx
 
+from tests.api.http_helpers import fenced_acks_for
 from tests.api.test_delivery import pull, setup
 from tests.support import RunningServer
 
@@ -16,19 +17,12 @@ def produce(client: httpx.Client, messages: list[dict[str, Any]]) -> list[dict[s
     return list(r.json()["results"])
 
 
-def fenced(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_queue: dict[int, list[dict[str, int]]] = {}
-    for m in messages:
-        by_queue.setdefault(m["qid"], []).append({"offset": m["offset"], "attempt": m["attempt"]})
-    return [{"topic": "t", "qid": q, "acks": a} for q, a in by_queue.items()]
-
-
 def drain(client: httpx.Client) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     got = pull(client, n=100)
     while got:
         seen += got
-        got = pull(client, n=100, results=fenced(got))
+        got = pull(client, n=100, results=fenced_acks_for(got))
     return seen
 
 
@@ -74,7 +68,7 @@ def test_replay_of_a_key_redelivers_only_it_in_order(server: RunningServer) -> N
 def drain_from(client: httpx.Client, got: list[dict[str, Any]]) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     while got:
-        got = pull(client, n=100, results=fenced(got))
+        got = pull(client, n=100, results=fenced_acks_for(got))
         seen += got
     return seen
 
