@@ -17,18 +17,7 @@ from cproxy.errors import InvalidRequest, QueueNotOwned, StaleResults, StoreErro
 from cproxy.model import AppendResult, MessageRef, NewMessage, QueueProgress, QueueRef
 from cproxy.store.memory import MemoryStore
 from tests.broker.test_broker import SETTINGS, config, items, running
-
-
-def fenced(*deliveries: Handout) -> list[Result]:
-    return [
-        Result(
-            d.message.topic,
-            d.message.qid,
-            acks=[d.message.offset],
-            attempts={d.message.offset: d.attempt},
-        )
-        for d in deliveries
-    ]
+from tests.engine.harness import fenced_acks
 
 
 def outputs(*bodies: int) -> list[Output]:
@@ -48,7 +37,7 @@ async def test_results_and_outputs_are_durable_when_it_returns() -> None:
     async with running(store) as broker:
         a, _b = await prepared(broker)
         await broker.put_group("reader", config(topics={"out": {"order_by": "none"}}))
-        outcome, stored = await broker.ack_with_outputs("g", fenced(a), outputs(1, 2))
+        outcome, stored = await broker.ack_with_outputs("g", fenced_acks(a), outputs(1, 2))
         assert (outcome.applied, outcome.unknown) == (1, [])
         assert [(r.qid, r.offset, r.duplicate) for r in stored[0]] == [(0, 0, False), (0, 1, False)]
         # Durable before the answer: the stored progress already says a is finished.
@@ -66,20 +55,20 @@ async def test_a_stale_result_applies_and_stores_nothing() -> None:
         a, b = await prepared(broker)
         late = Result("t", 0, acks=[b.message.offset], attempts={b.message.offset: 7})
         with pytest.raises(StaleResults) as caught:
-            await broker.ack_with_outputs("g", [*fenced(a), late], outputs(1))
+            await broker.ack_with_outputs("g", [*fenced_acks(a), late], outputs(1))
         assert caught.value.refs == [("t", 0, b.message.offset)]
         assert await store.read("out", 0, 0, 10) == []
         # a is still in flight: its own ack applies.
-        assert broker.ack("g", fenced(a)).applied == 1
+        assert broker.ack("g", fenced_acks(a)).applied == 1
 
 
 async def test_the_same_call_twice_stores_once() -> None:
     store = MemoryStore()
     async with running(store) as broker:
         a, _ = await prepared(broker)
-        await broker.ack_with_outputs("g", fenced(a), outputs(1))
+        await broker.ack_with_outputs("g", fenced_acks(a), outputs(1))
         with pytest.raises(StaleResults):
-            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+            await broker.ack_with_outputs("g", fenced_acks(a), outputs(1))
         assert len(await store.read("out", 0, 0, 10)) == 1
 
 
@@ -126,7 +115,7 @@ async def test_deliveries_are_guarded_while_the_transaction_runs(fail: bool) -> 
 
         async def call() -> None:
             try:
-                answer.append(await broker.ack_with_outputs("g", fenced(a), outputs(1)))
+                answer.append(await broker.ack_with_outputs("g", fenced_acks(a), outputs(1)))
             except StoreError as exc:
                 answer.append(exc)
 
@@ -135,7 +124,7 @@ async def test_deliveries_are_guarded_while_the_transaction_runs(fail: bool) -> 
             with anyio.fail_after(5):
                 await store.writing.wait()
             # Meanwhile: no other result or extend reaches it, and it does not time out.
-            assert broker.ack("g", fenced(a)).unknown == [a.message.ref]
+            assert broker.ack("g", fenced_acks(a)).unknown == [a.message.ref]
             assert broker.extend("g", [a.message.ref], 1000).unknown == [a.message.ref]
             await anyio.sleep(0.3)  # three ack timeouts
             assert broker._runner("g").stats().in_flight == 1
@@ -190,7 +179,7 @@ async def test_calls_arriving_during_a_transaction_share_the_next_one() -> None:
 
         async def call(d: Handout) -> None:
             answers[d.message.offset] = await broker.ack_with_outputs(
-                "g", fenced(d), outputs(d.message.offset)
+                "g", fenced_acks(d), outputs(d.message.offset)
             )
 
         async with anyio.create_task_group() as tg:
@@ -221,13 +210,13 @@ async def test_a_lost_queue_refuses_its_calls_and_stores_nothing() -> None:
         )
         store.lose = QueueNotOwned("lost", [("t", 0)])
         with pytest.raises(StaleResults) as caught:
-            await broker.ack_with_outputs("g", fenced(on0), outputs(1))
+            await broker.ack_with_outputs("g", fenced_acks(on0), outputs(1))
         assert caught.value.refs == [on0.message.ref]
         with pytest.raises(StoreError):  # its queue is not lost: retry may succeed
-            await broker.ack_with_outputs("g", fenced(on1), outputs(1))
+            await broker.ack_with_outputs("g", fenced_acks(on1), outputs(1))
         assert await store.read("out", 0, 0, 10) == []
         store.lose = None
-        outcome, _ = await broker.ack_with_outputs("g", fenced(on1), outputs(1))
+        outcome, _ = await broker.ack_with_outputs("g", fenced_acks(on1), outputs(1))
         assert outcome.applied == 1
 
 
@@ -244,7 +233,7 @@ async def test_a_redriven_dead_letter_is_finished_in_the_same_transaction() -> N
         await broker.operator.redrive("g", None)
         again = (await broker.pull("g", 10, 2000, None, [])).deliveries
         assert [d.message.ref for d in again] == [a.message.ref]
-        await broker.ack_with_outputs("g", fenced(*again), outputs(1))
+        await broker.ack_with_outputs("g", fenced_acks(*again), outputs(1))
         # Deleted with the outputs, not at the next commit: a crash now redrives nothing.
         assert await store.load_redriving("g") == []
 
@@ -287,14 +276,14 @@ async def test_a_commit_reported_failed_that_happened_is_never_repeated(down: bo
         a, b = await prepared(broker)
         store.down = down
         with pytest.raises(StoreError):
-            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+            await broker.ack_with_outputs("g", fenced_acks(a), outputs(1))
         # The repeat is refused: the first may have committed (it did).
         with pytest.raises(StaleResults):
-            await broker.ack_with_outputs("g", fenced(a), outputs(1))
+            await broker.ack_with_outputs("g", fenced_acks(a), outputs(1))
         if down:
             # Meanwhile no other progress is written over it, and other calls wait too.
             with pytest.raises(StoreError):
-                await broker.ack_with_outputs("g", fenced(b), outputs(2))
+                await broker.ack_with_outputs("g", fenced_acks(b), outputs(2))
             store.down = False
             await broker._runner("g").commit()  # the committer finds out first
         assert len(await store.read("out", 0, 0, 10)) == 1
@@ -302,6 +291,6 @@ async def test_a_commit_reported_failed_that_happened_is_never_repeated(down: bo
         assert persisted.open == ((1, 2),)  # a is finished, b not
         assert broker._runner("g").stats().in_flight == 1  # a was applied, not put back
         store.ambiguous = False
-        outcome, _ = await broker.ack_with_outputs("g", fenced(b), outputs(2))
+        outcome, _ = await broker.ack_with_outputs("g", fenced_acks(b), outputs(2))
         assert outcome.applied == 1
         assert len(await store.read("out", 0, 0, 10)) == 2

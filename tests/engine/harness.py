@@ -120,3 +120,16 @@ def keys(deliveries: Iterable[Handout]) -> list[str | None]:
 
 def offsets(deliveries: Iterable[Handout]) -> list[int]:
     return [d.message.offset for d in deliveries]
+
+
+def fenced_acks(*deliveries: Handout) -> list[Result]:
+    """Results that ack ``deliveries``, each fenced by its delivery number."""
+    return [
+        Result(
+            d.message.topic,
+            d.message.qid,
+            acks=[d.message.offset],
+            attempts={d.message.offset: d.attempt},
+        )
+        for d in deliveries
+    ]

@@ -13,22 +13,11 @@ from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Handout, Outcome
 from cproxy.engine.work import ATTEMPT_RESERVE
 from cproxy.model import QueueProgress
-from tests.engine.harness import Harness, offsets
+from tests.engine.harness import Harness, fenced_acks, offsets
 
 
 def fenced_ack(h: Harness, *deliveries: Handout) -> Outcome:
-    return h.engine.apply_results(
-        [
-            Result(
-                d.message.topic,
-                d.message.qid,
-                acks=[d.message.offset],
-                attempts={d.message.offset: d.attempt},
-            )
-            for d in deliveries
-        ],
-        h.now,
-    )
+    return h.engine.apply_results(fenced_acks(*deliveries), h.now)
 
 
 def fenced_fail(h: Harness, d: Handout) -> Outcome:

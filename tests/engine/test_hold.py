@@ -4,21 +4,8 @@
 from __future__ import annotations
 
 from cproxy.engine.records import Result
-from cproxy.engine.snapshots import Handout
 from cproxy.model import QueueProgress
-from tests.engine.harness import Harness, offsets
-
-
-def fenced_ack(*deliveries: Handout) -> list[Result]:
-    return [
-        Result(
-            d.message.topic,
-            d.message.qid,
-            acks=[d.message.offset],
-            attempts={d.message.offset: d.attempt},
-        )
-        for d in deliveries
-    ]
+from tests.engine.harness import Harness, fenced_acks, offsets
 
 
 def test_hold_is_all_or_nothing_and_names_the_stale_results() -> None:
@@ -27,7 +14,7 @@ def test_hold_is_all_or_nothing_and_names_the_stale_results() -> None:
     h.produce("b")
     a, b = h.pull(10)
     stale = Result("t", 0, acks=[b.message.offset], attempts={b.message.offset: b.attempt + 1})
-    assert h.engine.hold([*fenced_ack(a), stale]) == [("t", 0, b.message.offset)]
+    assert h.engine.hold([*fenced_acks(a), stale]) == [("t", 0, b.message.offset)]
     # Nothing was held: both still answer to an ordinary ack.
     assert h.ack(a, b).applied == 2
 
@@ -37,7 +24,7 @@ def test_held_deliveries_neither_time_out_nor_take_other_results() -> None:
     h.produce("a")
     h.produce("a")
     (a,) = h.pull(10)
-    results = fenced_ack(a)
+    results = fenced_acks(a)
     assert h.engine.hold(results) == []
     h.advance(5000)  # far past its ack deadline
     assert h.pull(10) == []  # not redelivered, and its key's next message still waits
@@ -56,7 +43,7 @@ def test_progress_after_counts_the_held_acks_as_finished() -> None:
     for key in "abc":
         h.produce(key)
     _a, b, _c = h.pull(10)
-    results = fenced_ack(b)
+    results = fenced_acks(b)
     assert h.engine.hold(results) == []
     after = h.engine.progress_after(results)
     assert set(after) == {("t", 0)}
@@ -76,7 +63,7 @@ def test_unhold_puts_deliveries_back_in_flight_with_their_deadline() -> None:
     h = Harness(ack_timeout_ms=1000, retry_backoff_ms=[10])
     h.produce("a")
     (a,) = h.pull(10)
-    results = fenced_ack(a)
+    results = fenced_acks(a)
     assert h.engine.hold(results) == []
     h.advance(500)
     h.engine.unhold(results)
@@ -96,12 +83,12 @@ def test_a_run_member_behind_an_unfinished_head_cannot_be_held() -> None:
     run = h.engine.pull(10, None, h.now, max_per_key=3)
     assert offsets(run) == [0, 1, 2]
     # Its ack could land before the head's: refused, so outputs stay in input order.
-    assert h.engine.hold(fenced_ack(run[1])) == [run[1].message.ref]
-    head = fenced_ack(run[0])
+    assert h.engine.hold(fenced_acks(run[1])) == [run[1].message.ref]
+    head = fenced_acks(run[0])
     assert h.engine.hold(head) == []
     h.engine.settle_held(head, h.now, h.engine.progress_after(head))
     # Once the head is finished, the next member of the run leads its chain: it may be held.
-    assert h.engine.hold(fenced_ack(run[1])) == []
+    assert h.engine.hold(fenced_acks(run[1])) == []
 
 
 def test_a_seek_while_held_is_not_undone_by_the_settle() -> None:
@@ -109,7 +96,7 @@ def test_a_seek_while_held_is_not_undone_by_the_settle() -> None:
     h.produce("a")
     h.produce("a")
     (a,) = h.pull(10)
-    results = fenced_ack(a)
+    results = fenced_acks(a)
     assert h.engine.hold(results) == []
     h.engine.seek("t", {0: 0})
     outcome = h.engine.settle_held(results, h.now, {})
@@ -122,7 +109,7 @@ def test_progress_after_for_a_restart_skips_what_was_held_and_settled() -> None:
     for key in "ab":
         h.produce(key)
     a, _b = h.pull(10)
-    results = fenced_ack(a)
+    results = fenced_acks(a)
     assert h.engine.hold(results) == []
     persisted = h.engine.progress_after(results)
     # A crash right after the transaction: the restarted engine delivers b only.
