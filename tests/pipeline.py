@@ -24,6 +24,18 @@ GROUP = {
 }
 
 
+def set_up(url: str, in_queues: int, count: int, per_call: int) -> None:
+    """Topics ``in`` (``in_queues`` queues) and ``out`` (2), the group ``pipe`` (``GROUP``),
+    and ``count`` inputs produced on ``in`` in calls of ``per_call``."""
+    with Client(url) as client:
+        client.create_topic("in", in_queues)
+        client.create_topic("out", 2)
+        client.put_group("pipe", GROUP)
+        batch = inputs(count)
+        for start in range(0, count, per_call):
+            client.produce("in", batch[start : start + per_call])
+
+
 def transform(msg: Message) -> Produce:
     """The pipeline's one output per input: same key, the input's sequence in its key."""
     return Produce("out", [{"key": msg.key, "body": {"n": msg.body["n"], "seq": msg.body["seq"]}}])

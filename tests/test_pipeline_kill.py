@@ -20,7 +20,7 @@ import pytest
 
 from consumer_sdk import Client, RetryPolicy
 from consumer_sdk.errors import ClientError
-from tests.pipeline import GROUP, Workers, check_outputs, inputs, read_all
+from tests.pipeline import Workers, check_outputs, read_all, set_up
 from tests.support import wait_until
 from tests.test_kill_restart import ServerProcess, free_port
 
@@ -48,13 +48,7 @@ def finished(url: str) -> bool:
 
 def test_pipeline_stores_one_output_per_input_across_kills(server: ServerProcess) -> None:
     server.start()
-    with Client(server.url) as client:
-        client.create_topic("in", 2)
-        client.create_topic("out", 2)
-        client.put_group("pipe", GROUP)
-        batch = inputs(INPUTS)
-        for start in range(0, INPUTS, 500):
-            client.produce("in", batch[start : start + 500])
+    set_up(server.url, 2, INPUTS, 500)
     with Workers(server.url, lambda: server.url, 3000, 8) as workers:
         handled = workers.handled
         for kill in range(KILLS):

@@ -14,10 +14,9 @@ import signal
 import httpx
 import pytest
 
-from consumer_sdk import Client
 from tests.cluster.conftest import ProxyFactory
 from tests.cluster.proxies import Proxy
-from tests.pipeline import GROUP, Workers, check_outputs, inputs, read_all
+from tests.pipeline import Workers, check_outputs, read_all, set_up
 from tests.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,13 +51,7 @@ def owns_some(proxy: Proxy) -> bool:
 
 def test_pipeline_over_two_proxies_with_hand_overs(proxies: ProxyFactory) -> None:
     p0, p1 = proxies("p0", "p1")
-    with Client(p0.url) as client:
-        client.create_topic("in", 4)
-        client.create_topic("out", 2)
-        client.put_group("pipe", GROUP)
-        batch = inputs(INPUTS)
-        for start in range(0, INPUTS, 400):
-            client.produce("in", batch[start : start + 400])
+    set_up(p0.url, 4, INPUTS, 400)
     wait_until(lambda: owns_some(p0) and owns_some(p1), 30, 0.05, "queues on both proxies")
     with Workers([p0.url, p1.url], lambda: p0.url, 5000, 6) as workers:
         handled = workers.handled
