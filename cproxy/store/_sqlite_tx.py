@@ -17,10 +17,11 @@ appends write to one queue into one row). It runs before the next write that is 
 ``mergeable`` (so that write sees those rows) and before COMMIT; if it fails, the batch runs
 again the careful way, where deferred work is done at once, inside its write's savepoint.
 
-WAL restarts: when the background checkpointer found the WAL long (``request_wal_restart``),
-the next transaction first checkpoints the frames committed since that pass (a few; the pass
-copied the rest), so it begins on a fully checkpointed WAL and SQLite writes the WAL from its
-start again (``_sqlite_checkpoint`` says why this is needed).
+WAL restarts: the background checkpointer starts a long WAL over without the writer when it
+can (``_sqlite_checkpoint``). When writes kept coming while it tried, it asks the writer
+(``request_wal_restart``): the next transaction first checkpoints the frames committed since
+that checkpointer's last pass (a few; the passes copied the rest), so it begins on a fully
+checkpointed WAL and SQLite writes the WAL from its start again.
 
 Self-healing: a connection left inside a transaction (a ROLLBACK that failed) would make every
 later BEGIN fail with "cannot start a transaction within a transaction". Before each BEGIN the

@@ -1,6 +1,6 @@
 """WAL checkpoints and restarts (``cproxy.store._sqlite_checkpoint``): under steady writes the
 WAL is started over once it is long, instead of growing to the writer's fallback threshold
-and being copied inside a COMMIT."""
+and being copied inside a COMMIT; below the writer's peak, without a checkpoint on its path."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from cproxy.model import NewMessage
@@ -23,9 +24,14 @@ def wal_bytes(store: SqliteStore) -> int:
     return wal.stat().st_size if wal.exists() else 0
 
 
+def checkpointer(store: SqliteStore) -> _sqlite_checkpoint.Checkpointer:
+    return store._db._checkpointer
+
+
 async def test_a_long_wal_starts_over_while_writes_go_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A writer that never pauses: settling gives up, and the writer is asked to catch up."""
     monkeypatch.setattr(_sqlite_checkpoint, "INTERVAL_S", 0.01)
     monkeypatch.setattr(_sqlite_checkpoint, "RESTART_FRAMES", 64)  # 256 KiB
     s = SqliteStore(tmp_path)
@@ -57,6 +63,60 @@ async def test_a_long_wal_starts_over_while_writes_go_on(
         await again.close()
 
 
+async def test_writes_with_pauses_have_the_wal_settled_without_the_writer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writes with pauses between them (a service below its peak): the checkpointer's own
+    passes copy the whole WAL, and the writer starts it over without a checkpoint of its own."""
+    monkeypatch.setattr(_sqlite_checkpoint, "INTERVAL_S", 0.01)
+    monkeypatch.setattr(_sqlite_checkpoint, "RESTART_FRAMES", 64)  # 256 KiB
+    s = SqliteStore(tmp_path)
+    await s.open()
+    appends = written = longest = 0
+    try:
+        await s.create_topic("t", 1)
+        deadline = time.monotonic() + 30
+        while written < 4_000_000 or checkpointer(s).settled < 3:
+            assert time.monotonic() < deadline, "writes too slow, or the WAL never settled"
+            await s.append("t", [NewMessage(None, BODY, qid=0) for _ in range(20)], T0, 0)
+            appends += 1
+            written += 20 * len(BODY)
+            longest = max(longest, wal_bytes(s))
+            await anyio.sleep(0.003)
+        # Without restarts the WAL would hold all 4 MB.
+        assert longest < 1_500_000, f"the WAL grew to {longest:,} bytes"
+        stored = await s.read("t", 0, 0, appends * 20 + 1)
+        assert [m.offset for m in stored] == list(range(appends * 20))
+    finally:
+        await s.close()
+
+
+def test_a_long_wal_nobody_writes_to_is_settled_by_the_checkpointer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sqlite_checkpoint, "RESTART_FRAMES", 50)
+    path = tmp_path / "db.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE t (v BLOB)")
+    asked: list[int] = []
+    checkpointer = _sqlite_checkpoint.Checkpointer(path, on_long_wal=lambda: asked.append(1))
+    reader = sqlite3.connect(path, isolation_level=None)
+    try:
+        for _ in range(30):  # ~90 pages
+            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))
+        checkpointer._checkpoint(reader)
+        assert (checkpointer.settled, checkpointer.asked, asked) == (1, 0, [])
+        # The next write starts the WAL over: it holds that write's frames only.
+        conn.execute("INSERT INTO t VALUES (?)", (b"x",))
+        _, frames, _ = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        assert 0 < frames < 10
+    finally:
+        reader.close()
+        conn.close()
+
+
 def test_only_a_pass_over_a_long_wal_asks_for_a_restart(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -75,8 +135,27 @@ def test_only_a_pass_over_a_long_wal_asks_for_a_restart(
         assert asked == []
         for _ in range(30):  # ~90 pages
             conn.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))
+        # A writer that commits during every pass: each finds the WAL longer than the one
+        # before, and after SETTLE_FRAMES more the writer is asked to catch up.
+        monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_S", 60)
+        monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_FRAMES", 12)
+        passes = checkpointer._pass
+        grown = iter(range(1, 1_000_000))
+
+        def pass_during_writes(c: sqlite3.Connection) -> tuple[int, int, int] | None:
+            result = passes(c)
+            assert result is not None
+            more = next(grown)
+            return result[0], result[1] + more, result[2] + more
+
+        monkeypatch.setattr(checkpointer, "_pass", pass_during_writes)
+        started = time.monotonic()
         checkpointer._checkpoint(reader)
+        assert time.monotonic() - started < 30
+        # The first pass, then settling passes until the WAL grew by 12 frames.
+        assert next(grown) - 1 == 1 + 12
         assert asked == [1]
+        assert (checkpointer.settled, checkpointer.asked) == (0, 1)
     finally:
         reader.close()
         conn.close()
