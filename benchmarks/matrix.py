@@ -5,7 +5,8 @@ the same run; with ``--ab REF``, the same against a server from another git ref,
 One ``cproxy serve`` subprocess (SQLite store, order_by key, 8 queues, 100-byte bodies);
 every cell is a fresh topic and group drained by N pullers while 4 closed-loop producers fill
 it (``harness.cells``). Cells around the base cell (10k keys, batch 100, 4 pullers): keys
-1k/10k/100k, batch 10/100/500, pullers 1/2/4/8/16. Rounds are interleaved (rotating order);
+1k/10k/100k, batch 10/100/500, pullers 1/2/4/8/16, and the base cell with a message id on
+every message (``ids``: what produce dedup costs). Rounds are interleaved (rotating order);
 medians with the range. Latency: ``benchmarks.latency``'s cproxy points (its peak on that
 setup, then open loop at 25/50/90 % of it, or at ``--latency-rates``), per server.
 
@@ -66,10 +67,12 @@ class Cell:
     queues: int = QUEUES
     body_bytes: int = BODY_BYTES
     messages: int = 0
+    #: Every message has an id (the server then dedups produce calls by it).
+    ids: bool = False
 
     @property
     def name(self) -> str:
-        return f"k{self.keys}-b{self.batch}-p{self.pullers}"
+        return f"k{self.keys}-b{self.batch}-p{self.pullers}" + ("-ids" if self.ids else "")
 
 
 async def run_cell(side: Side, cell: Cell, tag: str) -> dict[str, Any]:
@@ -78,7 +81,7 @@ async def run_cell(side: Side, cell: Cell, tag: str) -> dict[str, Any]:
     n = cell.messages
     await create_topic(side.admin, topic, cell.queues)
     await put_group(side.admin, group, topic, "key")
-    batches = make_batches(n, cell.batch, cell.keys, cell.body_bytes)
+    batches = make_batches(n, cell.batch, cell.keys, cell.body_bytes, cell.ids)
     try:
         with Probe(side.pid) as p:
             t0 = time.perf_counter()
@@ -125,13 +128,15 @@ AB_METRICS = (("e2e msgs/s", "msgs_per_s"), ("msgs per server CPU-s", "msgs_per_
 
 def cells(quick: bool, messages: int, sweeps: str | None = None) -> list[Cell]:
     """The cells (a quarter of the messages at batch 10, and in the full mode at least one
-    message per key); ``sweeps`` (comma-separated: base, keys, batch, pullers) keeps those."""
+    message per key); ``sweeps`` (comma-separated: base, keys, batch, pullers, ids) keeps
+    those."""
 
-    def cell(sweep: str, keys: int, batch: int, pullers: int) -> Cell:
+    def cell(sweep: str, keys: int, batch: int, pullers: int, ids: bool = False) -> Cell:
         n = messages if batch >= 100 else messages // 4
-        return Cell(sweep, keys, batch, pullers, messages=n if quick else max(n, keys))
+        return Cell(sweep, keys, batch, pullers, messages=n if quick else max(n, keys), ids=ids)
 
     every = [cell("base", 10_000, 100, 4)]
+    every += [cell("ids", 10_000, 100, 4, ids=True)]
     every += [cell("keys", k, 100, 4) for k in ((100_000,) if quick else (1_000, 100_000))]
     every += [cell("batch", 10_000, b, 4) for b in (10, 500)]
     every += [cell("pullers", 10_000, 100, p) for p in ((1, 16) if quick else (1, 2, 8, 16))]
@@ -213,7 +218,7 @@ def report(out: dict[str, Any], args: Any) -> str:
 
 
 def main() -> None:
-    parser = arg_parser(__doc__, "6 cells, 1 round, 2 s latency runs (< 1 minute)", ab=True)
+    parser = arg_parser(__doc__, "7 cells, 1 round, 2 s latency runs (< 1 minute)", ab=True)
     parser.add_argument("--messages", type=int, help="messages per cell at batch >= 100")
     parser.add_argument("--repeat", type=int, help="rounds (default 3; 1 with --quick)")
     parser.add_argument("--latency-seconds", type=float, help="per latency run (default 20)")
@@ -225,7 +230,7 @@ def main() -> None:
         help="latency runs at these msgs/s instead of 25/50/90 %% of each server's own peak",
     )
     parser.add_argument(
-        "--sweeps", help="only these sweeps' cells, comma-separated (base,keys,batch,pullers)"
+        "--sweeps", help="only these sweeps' cells, comma-separated (base,keys,batch,pullers,ids)"
     )
     args = parser.parse_args()
     args.messages = args.messages or (4_000 if args.quick else 40_000)

@@ -29,7 +29,7 @@ SMALL = {
     "spark_sink": ["--sizes", "5000"],
     "matrix": [
         "--sweeps",
-        "base",
+        "base,ids",
         "--messages",
         "2000",
         "--ab",

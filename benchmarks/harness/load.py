@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
@@ -93,15 +94,21 @@ def pad_for(body_bytes: int) -> str:
     return "x" * max(0, body_bytes - 30)
 
 
-def message(i: int, keys: int, pad: str) -> dict[str, Any]:
-    return {"key": f"k{i % keys}", "body": {"k": i % keys, "s": i // keys, "p": pad}}
+def message(i: int, keys: int, pad: str, ids: bool = False) -> dict[str, Any]:
+    m: dict[str, Any] = {"key": f"k{i % keys}", "body": {"k": i % keys, "s": i // keys, "p": pad}}
+    if ids:  # 32 hex digits, random-looking like a UUID: the server dedups by it
+        m["id"] = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).hexdigest()
+    return m
 
 
-def make_batches(total: int, batch: int, keys: int, body_bytes: int) -> list[Batch]:
-    """Messages ``0 .. total - 1`` in produce calls of ``batch``, built before timing."""
+def make_batches(
+    total: int, batch: int, keys: int, body_bytes: int, ids: bool = False
+) -> list[Batch]:
+    """Messages ``0 .. total - 1`` in produce calls of ``batch``, built before timing;
+    ``ids``: each with a message id."""
     pad = pad_for(body_bytes)
     return [
-        [message(i, keys, pad) for i in range(start, min(total, start + batch))]
+        [message(i, keys, pad, ids) for i in range(start, min(total, start + batch))]
         for start in range(0, total, batch)
     ]
 
