@@ -16,8 +16,13 @@ parsed the answer - the send time. The peak is cproxy's closed-loop rate on the 
 most 20k msgs/s at 50 %). Rounds run every rate and system in rotating order; the report
 gives medians per point.
 
+With ``--ab REF`` a second cproxy server, from git REF (*cproxy B*), takes the same points,
+interleaved with the others. Under the table, each cproxy server's p99 is divided by the
+floor's p99 of the same round (median, min and max over the rounds).
+
     python -m benchmarks.latency --quick                  # 2 s per point, 1 round
     python -m benchmarks.latency --seconds 10 --rounds 3 --json latency.json
+    python -m benchmarks.latency --ab 267452d --systems cproxy,floor
 """
 
 from __future__ import annotations
@@ -57,7 +62,8 @@ from benchmarks.harness.report import (
     progress,
     table,
 )
-from benchmarks.harness.server import missing, peer_process, running
+from benchmarks.harness.server import missing, peer_process
+from benchmarks.harness.server import servers as servers_under_test
 from consumer_sdk import AsyncClient
 from cproxy.placement import queue_for_key
 
@@ -167,9 +173,12 @@ async def redis_run(
     return _point(rate, sent, len(latencies), latencies, p)
 
 
-async def run(args: Any, servers: dict[str, tuple[str, int]], admin: AsyncClient) -> dict[str, Any]:
+async def run(
+    args: Any, servers: dict[str, tuple[str, int]], admins: dict[str, AsyncClient]
+) -> dict[str, Any]:
+    """``admins``: a client per cproxy server (by system name), which makes its topics."""
     url = servers["cproxy"][0]
-    top = await peak(url, admin, args.peak_messages, "0")
+    top = await peak(url, admins["cproxy"], args.peak_messages, "0")
     progress(f"cproxy peak {top:,.0f} msgs/s (closed loop); load {load_average()}")
     rates = [f * min(top, args.peak_cap) for f in FRACTIONS]
     names = list(servers)
@@ -183,8 +192,7 @@ async def run(args: Any, servers: dict[str, tuple[str, int]], admin: AsyncClient
                 if name == "redis":
                     r = await redis_run(address, pid, rate, args.seconds, tag)
                 else:
-                    who = admin if name == "cproxy" else None
-                    r = await http_run(address, pid, who, rate, args.seconds, tag)
+                    r = await http_run(address, pid, admins.get(name), rate, args.seconds, tag)
                 points[name].setdefault(f"{FRACTIONS[i]:.0%}", []).append(r)
                 q = r["send_to_delivery_ms"]
                 progress(
@@ -223,8 +231,31 @@ def point_table(points: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
     )
 
 
+def floor_ratios(points: dict[str, dict[str, list[dict[str, Any]]]]) -> str:
+    """Each cproxy server's p99 over the floor's p99 of the same round, per share of peak."""
+    rows = []
+    for name in (n for n in points if n.startswith("cproxy")):
+        for share, runs in points[name].items():
+            floor_runs = points["floor"][share]
+            ratios = [
+                r["send_to_delivery_ms"]["p99"] / max(f["send_to_delivery_ms"]["p99"], 1e-9)
+                for r, f in zip(runs, floor_runs, strict=True)
+            ]
+            rows.append((share, name, median(ratios), min(ratios), max(ratios)))
+    return table(
+        [
+            ("share of peak", lambda row: row[0]),
+            ("system", lambda row: row[1]),
+            ("**p99 / floor's p99**, median", lambda row: f"{row[2]:.2f}"),
+            ("min", lambda row: f"{row[3]:.2f}"),
+            ("max", lambda row: f"{row[4]:.2f}"),
+        ],
+        rows,
+    )
+
+
 def main() -> None:
-    parser = arg_parser(__doc__, "2 s per point, 1 round, a 20,000-message peak")
+    parser = arg_parser(__doc__, "2 s per point, 1 round, a 20,000-message peak", ab=True)
     parser.add_argument("--seconds", type=float, help="per point (default 10; 2 quick)")
     parser.add_argument("--rounds", type=int, help="default 3 (1 quick)")
     parser.add_argument("--peak-cap", type=float, default=40_000, help="msgs/s (40,000)")
@@ -240,27 +271,37 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="cproxy-latency-"))
     try:
         with contextlib.ExitStack() as stack:
-            server = stack.enter_context(running(root, "cproxy"))
-            servers = {"cproxy": (server.url, server.pid)}
+            cproxies = stack.enter_context(servers_under_test("cproxy-latency-", args.ab))
+            names = {"A": "cproxy", "B": "cproxy B"}
+            systems = {names[s.source.label]: (s.url, s.pid) for s in cproxies}
             for name in ("floor", "redis"):
                 if name in wanted and name not in skipped:
-                    servers[name] = stack.enter_context(peer_process(name, root / name))
+                    systems[name] = stack.enter_context(peer_process(name, root / name))
 
             async def go() -> dict[str, Any]:
-                async with client(server.url) as admin:
-                    return await run(args, servers, admin)
+                async with contextlib.AsyncExitStack() as clients:
+                    admins = {
+                        names[s.source.label]: await clients.enter_async_context(client(s.url))
+                        for s in cproxies
+                    }
+                    return await run(args, systems, admins)
 
             out = run_loop(go)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out |= {"machine": facts, "commit": server.source.commit, "skipped": skipped}
+    commits = {names[s.source.label]: s.source.commit for s in cproxies}
+    out |= {"machine": facts, "commit": commits["cproxy"], "commits": commits, "skipped": skipped}
+    against = f", cproxy B {commits['cproxy B']}" if "cproxy B" in commits else ""
     text = [
-        f"## Latency under load (cproxy {out['commit']}; peak {out['peak_msgs_per_s']:,} msgs/s "
-        f"closed loop; {args.seconds:g} s per point; medians of {args.rounds} round(s))",
+        f"## Latency under load (cproxy {out['commit']}{against}; peak "
+        f"{out['peak_msgs_per_s']:,} msgs/s closed loop; {args.seconds:g} s per point; "
+        f"medians of {args.rounds} round(s))",
         "",
         point_table(out["points"]),
         *(f"\n- skipped {name}: {why}" for name, why in skipped.items()),
     ]
+    if "floor" in out["points"]:
+        text += ["", floor_ratios(out["points"])]
     finish(out, args, "latency", "\n".join(text))
 
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Scenario -> arguments that make it take seconds (on top of --quick).
 SMALL = {
     "peers": ["--messages", "2000"],
-    "latency": ["--seconds", "0.5", "--peak-cap", "4000"],
+    "latency": ["--seconds", "0.5", "--peak-cap", "4000", "--ab", ":pure"],
     "memory": ["--messages", "3000"],
     "longpoll": ["--pullers", "50", "--idle-s", "0.5", "--trickle-s", "0.5", "--rate", "20"],
     "push": ["--messages", "1000"],
