@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -91,71 +93,73 @@ async def test_writes_with_pauses_have_the_wal_settled_without_the_writer(
         await s.close()
 
 
-def test_a_long_wal_nobody_writes_to_is_settled_by_the_checkpointer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@dataclass
+class WalFile:
+    """A database in WAL mode with no checkpoints of its own, and a checkpointer over it."""
+
+    writer: sqlite3.Connection
+    reader: sqlite3.Connection  # the checkpointer's connection
+    checkpointer: _sqlite_checkpoint.Checkpointer
+    asked: list[int]  # a 1 per call of on_long_wal
+
+    def fill(self, rows: int) -> None:
+        for _ in range(rows):  # ~3 pages each
+            self.writer.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))
+
+
+@pytest.fixture
+def wal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WalFile]:
     monkeypatch.setattr(_sqlite_checkpoint, "RESTART_FRAMES", 50)
     path = tmp_path / "db.sqlite"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("CREATE TABLE t (v BLOB)")
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("CREATE TABLE t (v BLOB)")
     asked: list[int] = []
     checkpointer = _sqlite_checkpoint.Checkpointer(path, on_long_wal=lambda: asked.append(1))
     reader = sqlite3.connect(path, isolation_level=None)
     try:
-        for _ in range(30):  # ~90 pages
-            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))
-        checkpointer._checkpoint(reader)
-        assert (checkpointer.settled, checkpointer.asked, asked) == (1, 0, [])
-        # The next write starts the WAL over: it holds that write's frames only.
-        conn.execute("INSERT INTO t VALUES (?)", (b"x",))
-        _, frames, _ = reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
-        assert 0 < frames < 10
+        yield WalFile(writer, reader, checkpointer, asked)
     finally:
         reader.close()
-        conn.close()
+        writer.close()
+
+
+def test_a_long_wal_nobody_writes_to_is_settled_by_the_checkpointer(wal: WalFile) -> None:
+    wal.fill(30)  # ~90 pages
+    wal.checkpointer._checkpoint(wal.reader)
+    assert (wal.checkpointer.settled, wal.checkpointer.asked, wal.asked) == (1, 0, [])
+    # The next write starts the WAL over: it holds that write's frames only.
+    wal.writer.execute("INSERT INTO t VALUES (?)", (b"x",))
+    _, frames, _ = wal.reader.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert 0 < frames < 10
 
 
 def test_only_a_pass_over_a_long_wal_asks_for_a_restart(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    wal: WalFile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_sqlite_checkpoint, "RESTART_FRAMES", 50)
-    path = tmp_path / "db.sqlite"
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute("PRAGMA wal_autocheckpoint = 0")
-    conn.execute("CREATE TABLE t (v BLOB)")
-    asked: list[int] = []
-    checkpointer = _sqlite_checkpoint.Checkpointer(path, on_long_wal=lambda: asked.append(1))
-    reader = sqlite3.connect(path, isolation_level=None)
-    try:
-        conn.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))  # a few pages
-        checkpointer._checkpoint(reader)
-        assert asked == []
-        for _ in range(30):  # ~90 pages
-            conn.execute("INSERT INTO t VALUES (?)", (b"x" * 10_000,))
-        # A writer that commits during every pass: each finds the WAL longer than the one
-        # before, and after SETTLE_FRAMES more the writer is asked to catch up.
-        monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_S", 60)
-        monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_FRAMES", 12)
-        passes = checkpointer._pass
-        grown = iter(range(1, 1_000_000))
+    wal.fill(1)  # a few pages
+    wal.checkpointer._checkpoint(wal.reader)
+    assert wal.asked == []
+    wal.fill(30)  # ~90 pages
+    # A writer that commits during every pass: each finds the WAL longer than the one
+    # before, and after SETTLE_FRAMES more the writer is asked to catch up.
+    monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_S", 60)
+    monkeypatch.setattr(_sqlite_checkpoint, "SETTLE_FRAMES", 12)
+    passes = wal.checkpointer._pass
+    grown = iter(range(1, 1_000_000))
 
-        def pass_during_writes(c: sqlite3.Connection) -> tuple[int, int, int] | None:
-            result = passes(c)
-            assert result is not None
-            more = next(grown)
-            return result[0], result[1] + more, result[2] + more
+    def pass_during_writes(c: sqlite3.Connection) -> tuple[int, int, int] | None:
+        result = passes(c)
+        assert result is not None
+        more = next(grown)
+        return result[0], result[1] + more, result[2] + more
 
-        monkeypatch.setattr(checkpointer, "_pass", pass_during_writes)
-        started = time.monotonic()
-        checkpointer._checkpoint(reader)
-        assert time.monotonic() - started < 30
-        # The first pass, then settling passes until the WAL grew by 12 frames.
-        assert next(grown) - 1 == 1 + 12
-        assert asked == [1]
-        assert (checkpointer.settled, checkpointer.asked) == (0, 1)
-    finally:
-        reader.close()
-        conn.close()
+    monkeypatch.setattr(wal.checkpointer, "_pass", pass_during_writes)
+    started = time.monotonic()
+    wal.checkpointer._checkpoint(wal.reader)
+    assert time.monotonic() - started < 30
+    # The first pass, then settling passes until the WAL grew by 12 frames.
+    assert next(grown) - 1 == 1 + 12
+    assert wal.asked == [1]
+    assert (wal.checkpointer.settled, wal.checkpointer.asked) == (0, 1)
