@@ -211,11 +211,12 @@ def test_groups_create_seek_delete(
     cli(server, capsys, "topics", "create", "t", "--queues", "2")
     created = cli(
         server, capsys, "groups", "create", "g", "--topic", "t", "--max-attempts", "3",
-        "--retry-backoff-ms", "10,20", "--start", "latest",
+        "--retry-backoff-ms", "10,20", "--start", "latest", "--max-per-second", "1000",
     )  # fmt: skip
     assert created["topics"]["t"]["order_by"] == "key"  # the --order-by default
     assert (created["max_attempts"], created["retry_backoff_ms"]) == (3, [10, 20])
-    assert cli(server, capsys, "groups", "show", "g")["max_attempts"] == 3
+    shown = cli(server, capsys, "groups", "show", "g")
+    assert (shown["max_attempts"], shown["max_per_second"]) == (3, 1000)
     for i in range(4):
         cli(server, capsys, "produce", "t", str(i), "--qid", str(i % 2))
     sought = cli(server, capsys, "groups", "seek", "g", "--topic", "t", "--to", "latest")

@@ -137,6 +137,7 @@ def _group_config(args: argparse.Namespace) -> dict[str, Any]:
         "max_buffered",
         "stuck_after_ms",
         "dead_letter_retention_ms",
+        "max_per_second",
     ):
         value = getattr(args, field)
         if value is not None:

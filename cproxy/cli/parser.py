@@ -194,6 +194,11 @@ def _groups(sub: Commands) -> None:
         help="create: delete dead letters older than this (default: keep them)",
     )
     p.add_argument(
+        "--max-per-second",
+        type=_int_at_least(1),
+        help="create: deliver at most this many messages a second (default: no limit)",
+    )
+    p.add_argument(
         "--filter",
         metavar="JMESPATH",
         help="create: deliver only messages for which this expression on {key, headers, body} "
