@@ -13,7 +13,7 @@ from collections.abc import Collection
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.sequencer import Sequencer
 from cproxy.engine.snapshots import BlockedKey
-from cproxy.engine.work import Entry, State
+from cproxy.engine.work import Entry, State, pop_queues
 from cproxy.errors import BlockedKeyNotFound, NotBlocked
 from cproxy.model import MessageRef
 
@@ -46,12 +46,7 @@ class Blocked:
     def drop(self, topic: str, qids: Collection[int]) -> list[Entry]:
         """Forget the exhausted entries of those queues (a seek); returns the unordered ones
         (no chain holds them, so the caller drops them itself)."""
-        dropped: list[Entry] = []
-        for ref in [r for r in self._exhausted if r[0] == topic and r[1] in qids]:
-            entry = self._exhausted.pop(ref)
-            if entry.chain is None:
-                dropped.append(entry)
-        return dropped
+        return pop_queues(self._exhausted, topic, qids)
 
     def unordered(self) -> int:
         """Exhausted messages that hold no chain (each blocks only itself)."""

@@ -16,7 +16,7 @@ from typing import Final
 from cproxy.engine.deadlines import DeadlineHeap
 from cproxy.engine.records import Result
 from cproxy.engine.snapshots import Outcome
-from cproxy.engine.work import IN_FLIGHT, Entry, State
+from cproxy.engine.work import IN_FLIGHT, Entry, State, pop_queues
 from cproxy.model import MessageRef
 
 #: ``deadline_ms`` of a held delivery (``hold``): no ack-timeout heap item ever matches it.
@@ -119,12 +119,7 @@ class InFlight:
     def drop(self, topic: str, qids: Collection[int]) -> list[Entry]:
         """Forget the deliveries of those queues (a seek); returns the unordered ones (no
         chain holds them, so the caller drops them itself)."""
-        dropped: list[Entry] = []
-        for ref in [r for r in self._by_ref if r[0] == topic and r[1] in qids]:
-            entry = self._by_ref.pop(ref)
-            if entry.chain is None:
-                dropped.append(entry)
-        return dropped
+        return pop_queues(self._by_ref, topic, qids)
 
     # -- results persisted with outputs --------------------------------------------------------
     def hold(self, results: Iterable[Result]) -> list[MessageRef]:

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Collection
 from typing import Final
 
 from mypy_extensions import mypyc_attr
 
-from cproxy.model import Record
+from cproxy.model import MessageRef, Record
 
 #: Delivery numbers a group reserves ahead in the store (``QueueProgress.attempt_ceiling``):
 #: every number it hands out stays at or below the persisted ceiling, so after a restart or a
@@ -131,6 +132,17 @@ class Entry:
         self.body_json: bytes | None = None
         #: Who the current (or last) delivery went to: the pull's consumer id; None: a push.
         self.consumer: str | None = None
+
+
+def pop_queues(by_ref: dict[MessageRef, Entry], topic: str, qids: Collection[int]) -> list[Entry]:
+    """Remove the entries of those queues from ``by_ref`` (a seek); return the unordered ones
+    (no chain holds them, so the caller drops them itself)."""
+    dropped: list[Entry] = []
+    for ref in [r for r in by_ref if r[0] == topic and r[1] in qids]:
+        entry = by_ref.pop(ref)
+        if entry.chain is None:
+            dropped.append(entry)
+    return dropped
 
 
 # Subclasses of built-in containers stay ordinary Python classes when mypyc compiles the
