@@ -1,9 +1,10 @@
-"""Arrow record batches to converted rows: the fast input path of ``write_dataframe``.
+"""Arrow record batches to converted columns: the fast input path of ``write_dataframe``.
 
 ``mapInArrow`` hands each task its partition as Arrow record batches, which is much cheaper
 than Spark pickling one ``Row`` per row for a Python worker. Here each column of a batch is
 converted at once, by the same rules as :mod:`spark_sink.rowjson` (so bodies, keys and
-message ids are identical to the row path's), and rows are zipped from the columns.
+message ids are identical to the row path's), and the columns go to the partition writer
+a produce batch's worth at a time (:meth:`ArrowRows.chunks`).
 
 Only types whose Arrow form is known to convert identically take this path
 (:func:`arrow_supported`); a schema with anything else (intervals, variant, UDTs) is written
@@ -73,17 +74,11 @@ def _timestamps_ntz(array: Any) -> list[Any]:
     return _iso_text(array, "")
 
 
-def _dates(array: Any) -> list[Any]:
+def _arrow_text(array: Any) -> list[Any]:
     import pyarrow as pa
 
-    # Arrow prints dates as ISO 8601 with a 4-digit year, as date.isoformat() does.
-    values: list[Any] = array.cast(pa.string()).to_pylist()
-    return values
-
-
-def _decimals(array: Any) -> list[Any]:
-    import pyarrow as pa
-
+    # Arrow's own text is the row path's for dates (ISO 8601 with a 4-digit year, as
+    # date.isoformat() does) and for decimals of up to _MAX_PLAIN_DECIMAL_SCALE places.
     values: list[Any] = array.cast(pa.string()).to_pylist()
     return values
 
@@ -138,11 +133,11 @@ def column_converter(spark_type: Any) -> ColumnConverter:
             return _timestamps
         if name == "timestamp_ntz":
             return _timestamps_ntz
-        if name == "date":
-            return _dates
         decimal = _DECIMAL.fullmatch(name)
-        if decimal is not None and int(decimal.group(2)) <= _MAX_PLAIN_DECIMAL_SCALE:
-            return _decimals
+        if name == "date" or (
+            decimal is not None and int(decimal.group(2)) <= _MAX_PLAIN_DECIMAL_SCALE
+        ):
+            return _arrow_text
     convert = build_converter(spark_type)
     pairs = _map_pairs(spark_type)
     if pairs is not None:
@@ -154,7 +149,7 @@ def column_converter(spark_type: Any) -> ColumnConverter:
 
 
 class ArrowRows:
-    """Converted rows from record batches of one schema (JSON form), in batch order."""
+    """Converted columns from record batches of one schema (JSON form), in batch order."""
 
     def __init__(self, schema_json: Mapping[str, Any], order_index: int | None) -> None:
         self._converters = [column_converter(f["type"]) for f in schema_json["fields"]]
@@ -173,17 +168,6 @@ class ArrowRows:
                 end = start + rows
                 part = order[start:end] if order is not None else None
                 yield [column[start:end] for column in columns], part
-
-    def rows(self, batches: Iterable[Any]) -> Iterator[tuple[Sequence[Any], Any]]:
-        """(converted row, raw ``order_col`` value or None) per row, for
-        :meth:`~spark_sink.partition.PartitionWriter.write_converted`."""
-        for columns, order in self.chunks(batches, 1 << 30):
-            converted = zip(*columns, strict=True)
-            if order is None:
-                for row in converted:
-                    yield row, None
-            else:
-                yield from zip(converted, order, strict=True)
 
 
 def _order_values(array: Any) -> list[Any]:

@@ -152,11 +152,6 @@ class PartitionWriter:
         """Send every row; returns this partition's summary or raises on a fatal error."""
         return self.write_chunks(self._row_chunks(rows))
 
-    def write_converted(self, items: Iterable[tuple[Sequence[Any], Any]]) -> WriteSummary:
-        """Send rows given as (every column converted by the encoder's rules, the raw
-        ``order_col`` value or None)."""
-        return self.write_chunks(self._converted_chunks(items))
-
     def timed(self, source: Iterable[_T]) -> Iterator[_T]:
         """``source`` as it is, with the time spent waiting for its items counted as input
         time (``WriteSummary.input_ms``): wrap Spark's iterator in it."""
@@ -183,14 +178,6 @@ class PartitionWriter:
             converted = [encoder.convert(row) for row in block]
             order = None if order_index is None else [row[order_index] for row in block]
             yield list(zip(*converted, strict=True)), order
-
-    def _converted_chunks(self, items: Iterable[tuple[Sequence[Any], Any]]) -> Iterator[Chunk]:
-        source = iter(items)
-        while True:
-            block = list(islice(source, self._options.batch_size))
-            if not block:
-                return
-            yield list(zip(*(row for row, _ in block), strict=True)), [o for _, o in block]
 
     def write_chunks(self, chunks: Iterable[Chunk]) -> WriteSummary:
         """Send rows given in column form (see :data:`Chunk`): what :meth:`write` does

@@ -119,10 +119,22 @@ def spark_row(row: dict[str, Any]) -> tuple[Any, ...]:
     return tuple(values)
 
 
+def arrow_rows(
+    schema: dict[str, Any], order_index: int | None, batches: list[Any], chunk_rows: int = 1000
+) -> list[tuple[tuple[Any, ...], Any]]:
+    """(converted row, raw order value or None) per row of what ``ArrowRows.chunks`` hands
+    the writer."""
+    got: list[tuple[tuple[Any, ...], Any]] = []
+    for columns, order in ArrowRows(schema, order_index).chunks(batches, chunk_rows):
+        rows = list(zip(*columns, strict=True))
+        got += zip(rows, order if order is not None else [None] * len(rows), strict=True)
+    return got
+
+
 def test_every_supported_type_converts_like_the_row_path() -> None:
     encoder = RowEncoder(SCHEMA, "ride", order_col="seq")
     expected = [encoder.convert(spark_row(r)) for r in python_rows()]
-    got = list(ArrowRows(SCHEMA, encoder.order_index).rows([record_batch(python_rows())]))
+    got = arrow_rows(SCHEMA, encoder.order_index, [record_batch(python_rows())], chunk_rows=2)
     # As JSON: NaN is not equal to itself, and JSON is what is sent and hashed.
     assert orjson.dumps([list(row) for row, _ in got]) == orjson.dumps(expected)
     assert [order for _, order in got] == [3, None, -1]
@@ -140,8 +152,8 @@ def test_writes_through_both_paths_store_the_same_messages(fake_cproxy: FakeCpro
         return PartitionWriter(options, encoder, transport=fake_cproxy.transport())
 
     first = writer().write([spark_row(r) for r in rows])
-    arrow_rows = ArrowRows(SCHEMA, None).rows([record_batch(rows[:1]), record_batch(rows[1:])])
-    second = writer().write_converted(arrow_rows)
+    chunks = ArrowRows(SCHEMA, None).chunks([record_batch(rows[:1]), record_batch(rows[1:])], 2)
+    second = writer().write_chunks(chunks)
     assert (first.stored, second.stored, second.duplicates) == (3, 0, 3)
 
 
@@ -197,7 +209,7 @@ def test_timestamps_and_decimals_take_arrow_casts_with_the_row_paths_text() -> N
     decimals = [batch.column(i).to_pylist() for i in (2, 3, 4)]
     spark_rows = list(zip(local, naive, *decimals, strict=True))
     expected = [encoder.convert(r) for r in spark_rows]
-    got = [list(row) for row, _ in ArrowRows(schema, None).rows([batch])]
+    got = [list(row) for row, _ in arrow_rows(schema, None, [batch])]
     assert got == expected
     assert got[0][:2] == ["0001-01-02T03:04:05.000000Z", "0001-01-02T03:04:05.000000"]
     assert [row[4] for row in got[:2]] == ["0.000000000000000001", "0.000000000000000000"]
