@@ -35,13 +35,15 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from benchmarks.harness.probe import cpu_seconds
 from benchmarks.harness.report import (
+    Column,
     arg_parser,
     finish,
     load_average,
@@ -68,19 +70,16 @@ class Cpu:
 
     jvm: psutil.Process
     server: psutil.Process
-    last: dict[str, float] = field(default_factory=dict)
 
     def read(self) -> dict[str, float]:
         workers = 0.0
         for child in self.jvm.children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
-                t = child.cpu_times()
-                workers += t.user + t.system
-        jvm, server = self.jvm.cpu_times(), self.server.cpu_times()
+                workers += cpu_seconds(child)
         return {
-            "jvm": jvm.user + jvm.system,
+            "jvm": cpu_seconds(self.jvm),
             "workers": workers,
-            "server": server.user + server.system,
+            "server": cpu_seconds(self.server),
         }
 
 
@@ -150,6 +149,11 @@ def measurements(df: Any, url: str, args: Any, scratch: Path) -> dict[str, Run]:
 #: What the report shows per measurement, besides rows/s: CPU ms per 1,000 rows by process,
 #: and the sink tasks' time split in µs per row.
 CPU_PARTS = ("jvm", "workers", "server")
+#: The first columns of both report tables: which run a row is.
+LEAD_COLUMNS: tuple[Column, ...] = (
+    ("rows", lambda r: f"{r['rows']:,}"),
+    ("measurement", lambda r: r["measurement"]),
+)
 TASK_PARTS = ("input_ms", "encode_ms", "wait_ms")
 
 
@@ -270,8 +274,7 @@ def main() -> None:
             "",
             table(
                 [
-                    ("rows", lambda r: f"{r['rows']:,}"),
-                    ("measurement", lambda r: r["measurement"]),
+                    *LEAD_COLUMNS,
                     ("rows/s", lambda r: f"{r['rows_per_s']:,.0f}"),
                     ("min - max", lambda r: f"{r['min']:,.0f} - {r['max']:,.0f}"),
                     ("of parquet (same round)", lambda r: f"{r['of_parquet']:.2f}"),
@@ -286,8 +289,7 @@ def main() -> None:
             "",
             table(
                 [
-                    ("rows", lambda r: f"{r['rows']:,}"),
-                    ("measurement", lambda r: r["measurement"]),
+                    *LEAD_COLUMNS,
                     ("JVM", lambda r: f"{r['jvm']:.1f}"),
                     ("Python workers", lambda r: f"{r['workers']:.1f}"),
                     ("server", lambda r: f"{r['server']:.1f}"),
