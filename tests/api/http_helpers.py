@@ -133,18 +133,20 @@ def group_stats(client: httpx.Client, group: str) -> dict[str, Any]:
 
 def acks_for(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``results`` entries that ack ``messages``."""
-    by_queue: dict[tuple[str, int], list[int]] = {}
-    for m in messages:
-        by_queue.setdefault((m["topic"], m["qid"]), []).append(m["offset"])
-    return [{"topic": t, "qid": q, "acks": offs} for (t, q), offs in by_queue.items()]
+    return _acks_per_queue(messages, lambda m: m["offset"])
 
 
 def fenced_acks_for(messages: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``results`` entries that ack ``messages``, each fenced by its delivery number."""
-    by_queue: dict[tuple[str, int], list[dict[str, int]]] = {}
+    return _acks_per_queue(messages, lambda m: {"offset": m["offset"], "attempt": m["attempt"]})
+
+
+def _acks_per_queue(
+    messages: Iterable[dict[str, Any]], ack: Callable[[dict[str, Any]], Any]
+) -> list[dict[str, Any]]:
+    by_queue: dict[tuple[str, int], list[Any]] = {}
     for m in messages:
-        item = {"offset": m["offset"], "attempt": m["attempt"]}
-        by_queue.setdefault((m["topic"], m["qid"]), []).append(item)
+        by_queue.setdefault((m["topic"], m["qid"]), []).append(ack(m))
     return [{"topic": t, "qid": q, "acks": acks} for (t, q), acks in by_queue.items()]
 
 
