@@ -23,7 +23,9 @@ logger = logging.getLogger(__name__)
 #: interrupted topic deletes (``deleted_topics``), and files use incremental auto-vacuum.
 #: 3: record batches (``batches``, one row per queue and produce call) replace ``messages``.
 #: 4: ``batches`` becomes a rowid table with a unique index on (tid, qid, base) (``_BATCHES``).
-SCHEMA_VERSION = 4
+#: 5: ``dedup`` loses its index on ``produced_at_ms``: expired entries are swept in key order
+#: (``_sqlite_append``).
+SCHEMA_VERSION = 5
 
 #: Tables added by schema version 2.
 _V2_TABLES = (
@@ -98,7 +100,6 @@ _TABLES = (
         tid INTEGER NOT NULL, id TEXT NOT NULL,
         qid INTEGER NOT NULL, off INTEGER NOT NULL, produced_at_ms INTEGER NOT NULL,
         PRIMARY KEY (tid, id)) WITHOUT ROWID""",
-    "CREATE INDEX dedup_by_time ON dedup (produced_at_ms)",
     "CREATE TABLE groups (name TEXT PRIMARY KEY, config BLOB NOT NULL) WITHOUT ROWID",
     """CREATE TABLE progress (
         grp TEXT NOT NULL, tid INTEGER NOT NULL, qid INTEGER NOT NULL,
@@ -166,6 +167,7 @@ MIGRATIONS: dict[int, tuple[str | Callable[[sqlite3.Connection], None], ...]] = 
     ),
     3: (_messages_to_batches,),
     4: (_batches_to_rowid_table,),
+    5: ("DROP INDEX IF EXISTS dedup_by_time",),
 }
 
 

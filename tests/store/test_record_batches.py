@@ -214,7 +214,7 @@ async def test_a_version_2_file_is_migrated_keeping_every_message(tmp_path: Path
     await s.open()
     try:
         conn = sqlite3.connect(tmp_path / "cproxy.db")
-        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("4",)
+        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("5",)
         assert (
             conn.execute("SELECT name FROM sqlite_master WHERE name = 'messages'").fetchall() == []
         )
@@ -302,7 +302,7 @@ async def test_a_version_3_file_is_migrated_keeping_every_batch(tmp_path: Path) 
     await s.open()
     try:
         # The same rows, now in a rowid table.
-        assert batch_table(tmp_path / "cproxy.db") == ("4", 6, False)
+        assert batch_table(tmp_path / "cproxy.db") == ("5", 6, False)
         assert {qid: await s.read("t", qid, 0, 1000) for qid in range(2)} == before
         assert await s.queue_stats("t") == stats
         # Seek by time, dedup and appends carry on over the migrated batches.

@@ -136,7 +136,7 @@ async def test_wal_mode_and_file_layout(store: SqliteStore, tmp_path: Path) -> N
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
         version = conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone()
-        assert version == ("4",)
+        assert version == ("5",)
     finally:
         conn.close()
 
@@ -254,28 +254,64 @@ async def test_failed_commit_keeps_caches(store: SqliteStore) -> None:
     assert [m.produced_at_ms for m in await store.read("t", 0, 0, 10)] == [T0, T0]
 
 
-async def test_expired_dedup_entries_are_pruned(
-    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_sqlite_append, "PRUNE_EVERY", 10)
-    await store.create_topic("t", 1)
-    await store.append(
-        "t", [NewMessage(None, b"{}", id=f"old-{i}", qid=0) for i in range(10)], T0, WINDOW
-    )
-    # The next call crosses the threshold at a time when the old ids have expired.
-    later = T0 + WINDOW
-    await store.append(
-        "t", [NewMessage(None, b"{}", id=f"new-{i}", qid=0) for i in range(10)], later, WINDOW
-    )
-    conn = raw(store.path)
+def _dedup_ids(path: Path) -> list[str]:
+    conn = raw(path)
     try:
-        ids = {row[0] for row in conn.execute("SELECT id FROM dedup")}
+        return [row[0] for row in conn.execute("SELECT id FROM dedup ORDER BY tid, id")]
     finally:
         conn.close()
-    assert ids == {f"new-{i}" for i in range(10)}
-    assert (await store.append("t", [NewMessage(None, b"{}", id="new-3", qid=0)], later, WINDOW))[
-        0
-    ].duplicate
+
+
+async def test_expired_dedup_entries_are_swept_a_stretch_per_insert(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sqlite_append, "SWEEP_MIN", 3)
+    monkeypatch.setattr(_sqlite_append, "SWEEP_PER_ENTRY", 1)
+    await store.create_topic("t", 1)
+
+    async def append(msg_id: str, now_ms: int) -> AppendResult:
+        message = NewMessage(None, b"{}", id=msg_id, qid=0)
+        return (await store.append("t", [message], now_ms, WINDOW))[0]
+
+    for i in range(8):
+        await append(f"old-{i}", T0 + i)  # each insert sweeps 3 entries: none has expired
+    assert len(_dedup_ids(store.path)) == 8
+    # From here on the old entries have expired. Each insert sweeps the next 3 entries in key
+    # order, wherever the last sweep stopped: expired ones go, live ones stay.
+    later = T0 + WINDOW + 10
+    await append("new-0", later)
+    assert len(_dedup_ids(store.path)) >= 1 + 8 - 3
+    for i in range(1, 6):  # 6 sweeps of 3 cover every entry at least once
+        await append(f"new-{i}", later)
+    assert _dedup_ids(store.path) == [f"new-{i}" for i in range(6)]
+    assert (await append("new-1", later + 1)).duplicate
+    assert not (await append("old-7", later + 1)).duplicate  # expired: stored again
+
+
+async def test_version_4_file_loses_the_dedup_time_index(tmp_path: Path) -> None:
+    s = SqliteStore(tmp_path)
+    await s.open()
+    await s.create_topic("t", 1)
+    await s.append("t", [NewMessage(None, b"1", id="a", qid=0)], T0, WINDOW)
+    await s.close()
+    conn = raw(tmp_path / "cproxy.db")  # as schema version 4 left it
+    conn.execute("CREATE INDEX dedup_by_time ON dedup (produced_at_ms)")
+    conn.execute("UPDATE meta SET v = '4' WHERE k = 'schema_version'")
+    conn.close()
+    s = SqliteStore(tmp_path)
+    await s.open()
+    try:
+        again = await s.append("t", [NewMessage(None, b"1", id="a", qid=0)], T0 + 1, WINDOW)
+        assert again == [AppendResult(0, 0, duplicate=True)]
+    finally:
+        await s.close()
+    conn = raw(tmp_path / "cproxy.db")
+    try:
+        assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("5",)
+        indexes = conn.execute("SELECT name FROM sqlite_master WHERE tbl_name = 'dedup'").fetchall()
+        assert ("dedup_by_time",) not in indexes
+    finally:
+        conn.close()
 
 
 async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
@@ -289,7 +325,7 @@ async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
         await SqliteStore(tmp_path).open()
     # The failed open released the data dir: fixing the file makes it usable again.
     conn = raw(tmp_path / "cproxy.db")
-    conn.execute("UPDATE meta SET v = '4' WHERE k = 'schema_version'")
+    conn.execute("UPDATE meta SET v = '5' WHERE k = 'schema_version'")
     conn.close()
     s = SqliteStore(tmp_path)
     await s.open()

@@ -90,7 +90,7 @@ async def test_a_version_1_file_is_migrated_and_converted_to_incremental_vacuum(
         await s.close()
     conn = raw(tmp_path / "cproxy.db")
     assert conn.execute("PRAGMA auto_vacuum").fetchone() == (2,)  # incremental
-    assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("4",)
+    assert conn.execute("SELECT v FROM meta WHERE k = 'schema_version'").fetchone() == ("5",)
     conn.close()
 
 
