@@ -1,0 +1,169 @@
+"""Produce dedup in a steady state (SQLite store): appends with ids while as many dedup entries
+expire as new ones come, the state every producer with ids reaches once its first
+``dedup_window_ms`` (24 h by default) has passed, and which the other benchmarks never reach.
+
+The store is driven directly (no HTTP), with simulated time: first ``--entries`` appends'
+worth of random 32-hex-digit ids spread evenly over one window, then ``--appends`` appends of
+``--batch`` fresh ids each, each at a time when the same number of old entries has just
+expired. Reported: the latency of those appends (ms) and the CPU per id (µs, the process's,
+so the checkpointer's thread counts too). ``--ab REF`` runs the store of git ``REF`` beside
+this tree's, interleaved, each round in a fresh process and data directory per side.
+
+    python -m benchmarks.dedup --rounds 3
+    python -m benchmarks.dedup --rounds 5 --ab dd9711f
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+if TYPE_CHECKING:
+    from benchmarks.harness.server import Source
+
+T0 = 1_700_000_000_000
+#: The simulated window (ms); the prefill's entries are spread over it.
+WINDOW_MS = 1_000_000
+QUEUES = 8
+
+
+def _ids(start: int, stop: int) -> list[str]:
+    return [hashlib.blake2b(b"%d" % i, digest_size=16).hexdigest() for i in range(start, stop)]
+
+
+async def _measure(entries: int, appends: int, batch: int) -> dict[str, Any]:
+    # Imported here: the child process runs the store of the tree on its PYTHONPATH.
+    from cproxy.model import NewMessage
+    from cproxy.store.sqlite import SqliteStore
+
+    def messages(start: int, count: int) -> list[NewMessage]:
+        ids = _ids(start, start + count)
+        return [NewMessage(None, b'{"n":1}', id=i, qid=n % QUEUES) for n, i in enumerate(ids)]
+
+    per_ms = entries / WINDOW_MS  # ids per simulated millisecond, all along
+
+    def now_of(n: int) -> int:
+        return T0 + int(n / per_ms)
+
+    def percentiles(values: list[float]) -> dict[str, float]:
+        # Nearest rank, as the harness's (which this child process does not import: it may
+        # run another tree's code, whose benchmarks package is older).
+        ordered = sorted(values)
+        points = (("p50", 50.0), ("p99", 99.0), ("p999", 99.9), ("max", 100.0))
+        return {
+            name: round(
+                ordered[max(0, min(len(ordered), round(q / 100 * len(ordered) + 0.5)) - 1)], 2
+            )
+            for name, q in points
+        }
+
+    with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
+        store = SqliteStore(Path(tmp))
+        await store.open()
+        try:
+            await store.create_topic("t", QUEUES)
+            for start in range(0, entries, 1000):
+                count = min(1000, entries - start)
+                await store.append("t", messages(start, count), now_of(start), WINDOW_MS)
+            latencies = []
+            cpu = time.process_time()
+            for k in range(appends):
+                start = entries + k * batch
+                batch_messages = messages(start, batch)
+                began = time.perf_counter()
+                await store.append("t", batch_messages, now_of(start), WINDOW_MS)
+                latencies.append((time.perf_counter() - began) * 1000)
+            cpu = time.process_time() - cpu
+        finally:
+            await store.close()
+    return {
+        **percentiles(latencies),
+        "mean": round(sum(latencies) / len(latencies), 2),
+        "cpu_us_per_id": round(cpu / (appends * batch) * 1e6, 1),
+    }
+
+
+def _run_side(source: Source, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in a fresh process running ``source``'s store: this file run as a
+    script, so that only ``cproxy`` comes from ``source``'s tree."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
+    cmd += ["--entries", str(args.entries), "--appends", str(args.appends)]
+    cmd += ["--batch", str(args.batch)]
+    env = {**os.environ, "PYTHONPATH": str(source.tree), **dict(source.env)}
+    done = subprocess.run(
+        cmd, env=env, cwd=source.tree, capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"benchmarks.dedup: side {source.label} failed:\n{done.stderr[-2000:]}")
+    result: dict[str, Any] = orjson.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _report(sources: list[Source], runs: dict[str, list[dict[str, Any]]]) -> str:
+    from benchmarks.harness.report import markdown_table, median
+
+    headers = ["side", "commit", "runs", "p50 ms", "**p99 ms**", "p99.9 ms", "max ms"]
+    headers += ["mean ms", "CPU µs per id"]
+    rows = []
+    for s in sources:
+        mine = runs[s.label]
+        med = {k: median([r[k] for r in mine]) for k in mine[0]}
+        rows.append(
+            [s.label, s.commit, len(mine), med["p50"], med["p99"], med["p999"], med["max"],
+             med["mean"], med["cpu_us_per_id"]]
+        )  # fmt: skip
+    return markdown_table(headers, rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=500_000, help="live entries at the start")
+    parser.add_argument("--appends", type=int, default=2_000)
+    parser.add_argument("--batch", type=int, default=100, help="ids per append")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ab", metavar="REF", help="also run the store of git REF, interleaved")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.entries < 1000 or args.appends < 1 or args.batch < 1 or args.rounds < 1:
+        parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
+    if args.child:
+        print(orjson.dumps(asyncio.run(_measure(args.entries, args.appends, args.batch))).decode())
+        return
+    from benchmarks.harness.report import interleaved, load_average, machine_facts, progress
+    from benchmarks.harness.server import this_tree, tree_at
+
+    facts = machine_facts()
+    with contextlib.ExitStack() as stack:
+        sources = [this_tree()]
+        if args.ab:
+            sources.append(stack.enter_context(tree_at(args.ab)))
+        by_label = {s.label: s for s in sources}
+        runs = interleaved(
+            list(by_label), args.rounds, lambda label, _: _run_side(by_label[label], args)
+        )
+    print(
+        f"## Dedup in a steady state ({args.entries:,} live entries, {args.appends:,} appends of"
+        f" {args.batch} new ids; medians of {args.rounds} round(s))\n"
+    )
+    print(_report(sources, runs))
+    cmd = " ".join(["python -m benchmarks.dedup", *sys.argv[1:]])
+    print(
+        f"\n(`{cmd}`: load {facts['load_average_1m_at_start']} -> {load_average()},"
+        f" {facts['cpu']}, {facts['logical_cores']} cores, hot path {facts['hot_path']})"
+    )
+    progress("done")
+
+
+if __name__ == "__main__":
+    main()
