@@ -11,9 +11,10 @@ table. Entries sit in the table by id, and ids are random, so the entries that e
 stretch of time are spread over all of its pages: deleting them by time (schema 4 kept an
 index on ``produced_at_ms`` for that, pruning every 10,000 inserts) rewrote about one page
 per expired entry in one transaction. Once a 24-hour window filled up, that stalled the
-writer for tens of milliseconds every 10,000 ids (scratch run on 500,000 entries: p99 of an
-append of 100 ids 47.5 ms against 7.8 without pruning). A sweep rewrites only the few
-consecutive pages it reads, and needs no index to keep up to date on every insert. In a
+writer for tens of milliseconds every 10,000 ids (``python -m benchmarks.dedup``: on 500,000
+live entries, the p99 of an append of 100 ids was 47.5 ms that way, 7.1 with the sweep). A
+sweep rewrites only the few consecutive pages it reads, and needs no index to keep up to
+date on every insert. In a
 steady state, with as many entries expiring as coming, a lap over the table takes a quarter
 of the window, so an entry is gone at most 1.25 windows after it was stored (``known``
 checks the time anyway, so a late delete only takes space).
@@ -33,9 +34,8 @@ from cproxy.store._common import dedup_live
 
 logger = logging.getLogger(__name__)
 
-#: Entries the sweep looks at per entry inserted (at least ``SWEEP_MIN`` per insert).
+#: Entries the sweep looks at per entry inserted.
 SWEEP_PER_ENTRY = 4
-SWEEP_MIN = 256
 
 #: The key before every entry (tids start at 1): where a lap of the sweep starts.
 _TABLE_START = (0, "")
@@ -90,7 +90,7 @@ class Dedup:
             rows,
         )
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        self.sweep(conn, now_ms, max(SWEEP_MIN, SWEEP_PER_ENTRY * len(rows)))
+        self.sweep(conn, now_ms, SWEEP_PER_ENTRY * len(rows))
 
     def sweep(self, conn: sqlite3.Connection, now_ms: int, entries: int) -> int:
         """Delete the expired entries among the next ``entries`` after the last sweep (to the

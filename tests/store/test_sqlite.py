@@ -265,8 +265,7 @@ def _dedup_ids(path: Path) -> list[str]:
 async def test_expired_dedup_entries_are_swept_a_stretch_per_insert(
     store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_sqlite_append, "SWEEP_MIN", 3)
-    monkeypatch.setattr(_sqlite_append, "SWEEP_PER_ENTRY", 1)
+    monkeypatch.setattr(_sqlite_append, "SWEEP_PER_ENTRY", 3)
     await store.create_topic("t", 1)
 
     async def append(msg_id: str, now_ms: int) -> AppendResult:
