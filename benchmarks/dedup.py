@@ -9,8 +9,9 @@ expired. Reported: the latency of those appends (ms) and the CPU per id (µs, th
 so the checkpointer's thread counts too). ``--ab REF`` runs the store of git ``REF`` beside
 this tree's, interleaved, each round in a fresh process and data directory per side.
 
-    python -m benchmarks.dedup --rounds 3
+    python -m benchmarks.dedup --rounds 5
     python -m benchmarks.dedup --rounds 5 --ab dd9711f
+    python -m benchmarks.dedup --quick           # 20,000 entries, 200 appends, 1 round
 """
 
 from __future__ import annotations
@@ -132,21 +133,29 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=100, help="ids per append")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--ab", metavar="REF", help="also run the store of git REF, interleaved")
+    parser.add_argument(
+        "--ab", metavar="REF", help="also run the store of git REF (:pure: from source)"
+    )
+    parser.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the raw results")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        args.entries, args.appends, args.rounds = 20_000, 200, 1
     if args.entries < 1000 or args.appends < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
     if args.child:
         print(orjson.dumps(asyncio.run(_measure(args.entries, args.appends, args.batch))).decode())
         return
     from benchmarks.harness.report import interleaved, load_average, machine_facts, progress
-    from benchmarks.harness.server import this_tree, tree_at
+    from benchmarks.harness.server import PURE_REF, this_tree, this_tree_pure, tree_at
 
     facts = machine_facts()
     with contextlib.ExitStack() as stack:
         sources = [this_tree()]
-        if args.ab:
+        if args.ab == PURE_REF:
+            sources.append(this_tree_pure())
+        elif args.ab:
             sources.append(stack.enter_context(tree_at(args.ab)))
         by_label = {s.label: s for s in sources}
         runs = interleaved(
@@ -162,6 +171,10 @@ def main() -> None:
         f"\n(`{cmd}`: load {facts['load_average_1m_at_start']} -> {load_average()},"
         f" {facts['cpu']}, {facts['logical_cores']} cores, hot path {facts['hot_path']})"
     )
+    if args.json is not None:
+        raw = {"machine": facts, "args": {k: v for k, v in vars(args).items() if k != "json"}}
+        raw["sides"] = {s.label: {"commit": s.commit, "runs": runs[s.label]} for s in sources}
+        args.json.write_text(orjson.dumps(raw, option=orjson.OPT_INDENT_2).decode())
     progress("done")
 
 

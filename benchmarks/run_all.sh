@@ -23,6 +23,7 @@ run() {
 run peers --rounds 5
 run latency --seconds 5 --rounds 5
 run memory --messages 100000
+run dedup --rounds 5
 run longpoll --pullers 5000 --wait-ms 30000 --idle-s 20 --trickle-s 10
 run spark_sink --sizes 200000 --rounds 5
 run cluster --repeat 3 --handovers 3

@@ -23,6 +23,7 @@ SMALL = {
     "peers": ["--messages", "2000"],
     "latency": ["--seconds", "0.5", "--peak-cap", "4000", "--ab", ":pure"],
     "memory": ["--messages", "3000"],
+    "dedup": ["--entries", "5000", "--appends", "50", "--ab", ":pure"],
     "longpoll": ["--pullers", "50", "--idle-s", "0.5", "--trickle-s", "0.5", "--rate", "20"],
     "push": ["--messages", "1000"],
     "cluster": ["--repeat", "1", "--latency-seconds", "1"],
