@@ -14,10 +14,9 @@ per expired entry in one transaction. Once a 24-hour window filled up, that stal
 writer for tens of milliseconds every 10,000 ids (``python -m benchmarks.dedup``: on 500,000
 live entries, the p99 of an append of 100 ids was 43 ms that way, 6.6 with the sweep). A
 sweep rewrites only the few consecutive pages it reads, and needs no index to keep up to
-date on every insert. In a
-steady state, with as many entries expiring as coming, a lap over the table takes a quarter
-of the window, so an entry is gone at most 1.25 windows after it was stored (``known``
-checks the time anyway, so a late delete only takes space).
+date on every insert. In a steady state, with as many entries expiring as coming, a lap
+over the table takes a quarter of the window, so an entry is gone at most 1.25 windows
+after it was stored (``known`` checks the time anyway, so a late delete only takes space).
 """
 
 from __future__ import annotations
@@ -90,9 +89,9 @@ class Dedup:
             rows,
         )
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        self.sweep(conn, now_ms, SWEEP_PER_ENTRY * len(rows))
+        self._sweep(conn, now_ms, SWEEP_PER_ENTRY * len(rows))
 
-    def sweep(self, conn: sqlite3.Connection, now_ms: int, entries: int) -> int:
+    def _sweep(self, conn: sqlite3.Connection, now_ms: int, entries: int) -> int:
         """Delete the expired entries among the next ``entries`` after the last sweep (to the
         end of the table, then the next sweep starts over); returns how many were deleted."""
         start = self._swept_to
