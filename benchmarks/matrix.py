@@ -6,7 +6,8 @@ One ``cproxy serve`` subprocess (SQLite store, order_by key, 8 queues, 100-byte 
 every cell is a fresh topic and group drained by N pullers while 4 closed-loop producers fill
 it (``harness.cells``). Cells around the base cell (10k keys, batch 100, 4 pullers): keys
 1k/10k/100k, batch 10/100/500, pullers 1/2/4/8/16, and the base cell with a message id on
-every message (``ids``: what produce dedup costs). Rounds are interleaved (rotating order);
+every message (``ids``: what produce dedup costs), once random (like UUID4s) and once
+time-ordered (``consumer_sdk.new_message_id``, UUIDv7s). Rounds are interleaved (rotating order);
 medians with the range. Latency: ``benchmarks.latency``'s cproxy points (its peak on that
 setup, then open loop at 25/50/90 % of it, or at ``--latency-rates``), per server.
 
@@ -67,12 +68,14 @@ class Cell:
     queues: int = QUEUES
     body_bytes: int = BODY_BYTES
     messages: int = 0
-    #: Every message has an id (the server then dedups produce calls by it).
-    ids: bool = False
+    #: Every message has an id (the server then dedups produce calls by it): "random" or
+    #: "ordered" (``harness.load.message``); "": none.
+    ids: str = ""
 
     @property
     def name(self) -> str:
-        return f"k{self.keys}-b{self.batch}-p{self.pullers}" + ("-ids" if self.ids else "")
+        suffix = {"": "", "random": "-ids", "ordered": "-ids-ordered"}[self.ids]
+        return f"k{self.keys}-b{self.batch}-p{self.pullers}{suffix}"
 
 
 async def run_cell(side: Side, cell: Cell, tag: str) -> dict[str, Any]:
@@ -131,12 +134,12 @@ def cells(quick: bool, messages: int, sweeps: str | None = None) -> list[Cell]:
     message per key); ``sweeps`` (comma-separated: base, keys, batch, pullers, ids) keeps
     those."""
 
-    def cell(sweep: str, keys: int, batch: int, pullers: int, ids: bool = False) -> Cell:
+    def cell(sweep: str, keys: int, batch: int, pullers: int, ids: str = "") -> Cell:
         n = messages if batch >= 100 else messages // 4
         return Cell(sweep, keys, batch, pullers, messages=n if quick else max(n, keys), ids=ids)
 
     every = [cell("base", 10_000, 100, 4)]
-    every += [cell("ids", 10_000, 100, 4, ids=True)]
+    every += [cell("ids", 10_000, 100, 4, ids=kind) for kind in ("random", "ordered")]
     every += [cell("keys", k, 100, 4) for k in ((100_000,) if quick else (1_000, 100_000))]
     every += [cell("batch", 10_000, b, 4) for b in (10, 500)]
     every += [cell("pullers", 10_000, 100, p) for p in ((1, 16) if quick else (1, 2, 8, 16))]

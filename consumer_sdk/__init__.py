@@ -43,6 +43,7 @@ from consumer_sdk.idempotency import (
     SQLiteIdempotencyStore,
     idempotent,
 )
+from consumer_sdk.ids import IdGenerator, new_message_id
 from consumer_sdk.models import (
     AckResult,
     ExtendResult,
@@ -81,6 +82,7 @@ __all__ = [
     "DuplicateInProgress",
     "ExtendResult",
     "GroupInfo",
+    "IdGenerator",
     "IdempotencyStore",
     "MemoryIdempotencyStore",
     "Message",
@@ -107,4 +109,5 @@ __all__ = [
     "TransportError",
     "ValidationFailed",
     "idempotent",
+    "new_message_id",
 ]

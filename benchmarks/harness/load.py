@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from consumer_sdk import AsyncClient, QueueResult, ResourceNotFound
+from consumer_sdk import AsyncClient, QueueResult, ResourceNotFound, new_message_id
 
 T = TypeVar("T")
 Batch = list[dict[str, Any]]
@@ -94,18 +94,22 @@ def pad_for(body_bytes: int) -> str:
     return "x" * max(0, body_bytes - 30)
 
 
-def message(i: int, keys: int, pad: str, ids: bool = False) -> dict[str, Any]:
+def message(i: int, keys: int, pad: str, ids: str = "") -> dict[str, Any]:
+    """Message ``i``; ``ids``: with an id the server dedups by, "random" (32 hex digits,
+    random-looking like a UUID4) or "ordered" (a UUIDv7 from ``new_message_id``)."""
     m: dict[str, Any] = {"key": f"k{i % keys}", "body": {"k": i % keys, "s": i // keys, "p": pad}}
-    if ids:  # 32 hex digits, random-looking like a UUID: the server dedups by it
+    if ids == "random":
         m["id"] = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=16).hexdigest()
+    elif ids == "ordered":
+        m["id"] = new_message_id()
+    elif ids:
+        raise ValueError(f"ids must be '', 'random' or 'ordered', not {ids!r}")
     return m
 
 
-def make_batches(
-    total: int, batch: int, keys: int, body_bytes: int, ids: bool = False
-) -> list[Batch]:
+def make_batches(total: int, batch: int, keys: int, body_bytes: int, ids: str = "") -> list[Batch]:
     """Messages ``0 .. total - 1`` in produce calls of ``batch``, built before timing;
-    ``ids``: each with a message id."""
+    ``ids``: each with a message id of that kind (``message``)."""
     pad = pad_for(body_bytes)
     return [
         [message(i, keys, pad, ids) for i in range(start, min(total, start + batch))]
