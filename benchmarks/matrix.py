@@ -179,7 +179,7 @@ def cell_table(out: dict[str, Any], the_cells: list[Cell], label: str) -> str:
 
     return table(
         [
-            ("sweep", lambda c: c.sweep),
+            ("sweep", lambda c: c.sweep + (f" ({c.ids})" if c.ids else "")),
             ("keys", lambda c: c.keys),
             ("batch", lambda c: c.batch),
             ("pullers", lambda c: c.pullers),
