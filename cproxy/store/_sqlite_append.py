@@ -17,15 +17,6 @@ sweep rewrites only the few consecutive pages it reads, and needs no index to ke
 date on every insert. In a steady state, with as many entries expiring as coming, a lap
 over the table takes a quarter of the window, so an entry is gone at most 1.25 windows
 after it was stored (``known`` checks the time anyway, so a late delete only takes space).
-
-An append with ids first assumes none of them is known (``insert_new``): it plans as if so
-and inserts the ids with ``INSERT OR IGNORE`` inside a savepoint. If every row went in, no id
-was known and the plan stands. Otherwise the savepoint is rolled back and the append looks
-its ids up (``known``) and plans again. Most appends carry fresh ids (a producer retries
-rarely), and for them this skips the lookup (its JSON array of ids, ``json_each`` and one
-index probe each) on top of the insert's own probe. A call that hits a known id makes the
-next append of the topic look up first, until one finds none: a re-run whose ids are all
-known would otherwise pay the failed insert on every call.
 """
 
 from __future__ import annotations
@@ -58,39 +49,6 @@ class Dedup:
         self._max_window_ms = 0
         #: The last key swept, (tid, id); ``_TABLE_START`` at the start of a lap.
         self._swept_to = _TABLE_START
-        #: Topics (tid) whose last append hit a known id: their next append looks up first.
-        #: A hint too: a rolled-back write that moved it costs at most one wasted insert.
-        self._hits: set[int] = set()
-
-    def optimistic(self, tid: int) -> bool:
-        """Whether the next append to topic ``tid`` should try ``insert_new`` first."""
-        return tid not in self._hits
-
-    def insert_new(
-        self,
-        conn: sqlite3.Connection,
-        tid: int,
-        rows: Sequence[tuple[int, str, int, int, int]],
-        now_ms: int,
-        window_ms: int,
-    ) -> bool:
-        """Insert ``rows`` (as ``record``) if none of their ids is in the table, live or
-        expired; False, with nothing inserted, if one is (the caller then uses ``known``)."""
-        conn.execute("SAVEPOINT dedup")
-        before = conn.total_changes
-        conn.executemany(
-            "INSERT OR IGNORE INTO dedup (tid, id, qid, off, produced_at_ms)"
-            " VALUES (?, ?, ?, ?, ?)",
-            rows,
-        )
-        if conn.total_changes - before != len(rows):
-            conn.execute("ROLLBACK TO dedup")
-            conn.execute("RELEASE dedup")
-            self._hits.add(tid)
-            return False
-        conn.execute("RELEASE dedup")
-        self._inserted(conn, len(rows), now_ms, window_ms)
-        return True
 
     def known(
         self,
@@ -113,10 +71,6 @@ class Dedup:
         ):
             if dedup_live(ts, now_ms, window_ms):
                 known[msg_id] = (qid, off, ts)
-        if known:
-            self._hits.add(tid)
-        else:
-            self._hits.discard(tid)
         return known
 
     def record(
@@ -134,12 +88,8 @@ class Dedup:
             " VALUES (?, ?, ?, ?, ?)",
             rows,
         )
-        self._inserted(conn, len(rows), now_ms, window_ms)
-
-    def _inserted(self, conn: sqlite3.Connection, count: int, now_ms: int, window_ms: int) -> None:
-        """``count`` entries were inserted: sweep a stretch of the table."""
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        self._sweep(conn, now_ms, SWEEP_PER_ENTRY * count)
+        self._sweep(conn, now_ms, SWEEP_PER_ENTRY * len(rows))
 
     def _sweep(self, conn: sqlite3.Connection, now_ms: int, entries: int) -> int:
         """Delete the expired entries among the next ``entries`` after the last sweep (to the

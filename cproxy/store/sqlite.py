@@ -188,23 +188,18 @@ class SqliteStore:
         # (tid, qid) -> (next offset, last produced_at) left by earlier appends of this
         # transaction: not committed yet, so not in ``nexts``/``lasts``.
         staged: dict[tuple[int, int], tuple[int, int]] = self._db.tx_state
-        dedup = self._dedup
-
-        def tail_of(qid: int) -> tuple[int, int]:
-            return staged.get((tid, qid)) or tail(tid, qid)
-
-        # Fresh ids first: planned as unknown and inserted if none is known (``Dedup``).
-        out = None
-        if dedup.optimistic(tid):
-            out = plan(topic, tid, messages, qids, now_ms, window_ms > 0, {}, tail_of)
-            if out.dedup_rows and not dedup.insert_new(
-                conn, tid, out.dedup_rows, now_ms, window_ms
-            ):
-                out = None
-        if out is None:
-            known = dedup.known(conn, tid, messages, now_ms, window_ms)
-            out = plan(topic, tid, messages, qids, now_ms, window_ms > 0, known, tail_of)
-            dedup.record(conn, out.dedup_rows, now_ms, window_ms)
+        known = self._dedup.known(conn, tid, messages, now_ms, window_ms)
+        out = plan(
+            topic,
+            tid,
+            messages,
+            qids,
+            now_ms,
+            window_ms > 0,
+            known,
+            lambda qid: staged.get((tid, qid)) or tail(tid, qid),
+        )
+        self._dedup.record(conn, out.dedup_rows, now_ms, window_ms)
         # One row per queue (record batches, ``_records``), inserted by deferred work: at the
         # end of the transaction, merged with the rows of the appends after this one.
         pending: dict[tuple[int, int], list[list[Record]]]

@@ -313,62 +313,6 @@ async def test_version_4_file_loses_the_dedup_time_index(tmp_path: Path) -> None
         conn.close()
 
 
-def _traced(store: SqliteStore) -> list[str]:
-    """The statements the writer connection runs from now on."""
-    statements: list[str] = []
-    writer = store._db._tx.conn  # white box: the lookup is what the fast path saves
-    assert writer is not None
-    writer.set_trace_callback(statements.append)
-    return statements
-
-
-async def test_fresh_ids_are_stored_without_a_lookup(store: SqliteStore) -> None:
-    await store.create_topic("t", 2)
-    statements = _traced(store)
-
-    def lookups() -> int:  # ``Dedup.known``'s statement
-        return sum("json_each" in s for s in statements)
-
-    def batch(*ids: str) -> list[NewMessage]:
-        return [NewMessage(None, f'"{i}"'.encode(), id=i, qid=0) for i in ids]
-
-    assert await store.append("t", batch("a", "b", "c"), T0, WINDOW) == [
-        AppendResult(0, i) for i in range(3)
-    ]
-    assert lookups() == 0
-    # Known ids (and one repeated within the call): the insert finds them, the call looks its
-    # ids up and plans again; the fresh ones get the next offsets, with no gap.
-    results = await store.append("t", batch("b", "d", "d", "a", "e"), T0 + 1, WINDOW)
-    assert results == [
-        AppendResult(0, 1, duplicate=True),
-        AppendResult(0, 3),
-        AppendResult(0, 3, duplicate=True),
-        AppendResult(0, 0, duplicate=True),
-        AppendResult(0, 4),
-    ]
-    assert results[0].produced_at_ms == T0  # the original's
-    assert lookups() == 1
-    # After a hit the topic's next call looks up first; one that finds nothing known ends it.
-    assert await store.append("t", batch("f"), T0 + 2, WINDOW) == [AppendResult(0, 5)]
-    assert lookups() == 2
-    assert await store.append("t", batch("g"), T0 + 3, WINDOW) == [AppendResult(0, 6)]
-    assert lookups() == 2
-    stored = await store.read("t", 0, 0, 10)
-    assert [m.id for m in stored] == ["a", "b", "c", "d", "e", "f", "g"]
-
-
-async def test_an_expired_id_is_stored_again(store: SqliteStore) -> None:
-    await store.create_topic("t", 1)
-    one = [NewMessage(None, b"1", id="a", qid=0)]
-    assert await store.append("t", one, T0, WINDOW) == [AppendResult(0, 0)]
-    # Its entry is still in the table, expired: the insert meets it, the lookup ignores it.
-    assert await store.append("t", one, T0 + WINDOW, WINDOW) == [AppendResult(0, 1)]
-    # The new entry replaced it: the id is now a duplicate of the second message.
-    again = await store.append("t", one, T0 + WINDOW + 1, WINDOW)
-    assert again == [AppendResult(0, 1, duplicate=True)]
-    assert again[0].produced_at_ms == T0 + WINDOW
-
-
 async def test_newer_schema_version_is_refused(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path)
     await s.open()
