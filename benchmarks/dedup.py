@@ -2,15 +2,16 @@
 expire as new ones come, the state every producer with ids reaches once its first
 ``dedup_window_ms`` (24 h by default) has passed, and which the other benchmarks never reach.
 
-The store is driven directly (no HTTP), with simulated time: first ``--entries`` appends'
-worth of random 32-hex-digit ids spread evenly over one window, then ``--appends`` appends of
-``--batch`` fresh ids each, each at a time when the same number of old entries has just
-expired. Reported: the latency of those appends (ms) and the CPU per id (µs, the process's,
+The store is driven directly (no HTTP), with simulated time: first ``--entries`` ids (random
+32-hex-digit ones, or with ``--ids ordered`` time-ordered ones like UUIDv7s) spread evenly
+over one window, then ``--appends`` appends of ``--batch`` fresh ids each, each at a time
+when the same number of old entries has just expired. Reported: the latency of those appends (ms) and the CPU per id (µs, the process's,
 so the checkpointer's thread counts too). ``--ab REF`` runs the store of git ``REF`` beside
 this tree's, interleaved, each round in a fresh process and data directory per side.
 
     python -m benchmarks.dedup --rounds 5
     python -m benchmarks.dedup --rounds 5 --ab dd9711f
+    python -m benchmarks.dedup --rounds 5 --ab dd9711f --ids ordered
     python -m benchmarks.dedup --quick           # 20,000 entries, 200 appends, 1 round
 """
 
@@ -39,20 +40,26 @@ WINDOW_MS = 1_000_000
 QUEUES = 8
 
 
-def _ids(start: int, stop: int) -> list[str]:
+def _random_ids(start: int, stop: int, per_ms: float) -> list[str]:
     return [hashlib.blake2b(b"%d" % i, digest_size=16).hexdigest() for i in range(start, stop)]
 
 
-async def _measure(entries: int, appends: int, batch: int) -> dict[str, Any]:
+def _ordered_ids(start: int, stop: int, per_ms: float) -> list[str]:
+    """Time-ordered like UUIDv7s: the (simulated) millisecond first, then a counter."""
+    return [f"{T0 + int(i / per_ms):012x}{i:020x}" for i in range(start, stop)]
+
+
+async def _measure(entries: int, appends: int, batch: int, kind: str) -> dict[str, Any]:
     # Imported here: the child process runs the store of the tree on its PYTHONPATH.
     from cproxy.model import NewMessage
     from cproxy.store.sqlite import SqliteStore
 
-    def messages(start: int, count: int) -> list[NewMessage]:
-        ids = _ids(start, start + count)
-        return [NewMessage(None, b'{"n":1}', id=i, qid=n % QUEUES) for n, i in enumerate(ids)]
-
     per_ms = entries / WINDOW_MS  # ids per simulated millisecond, all along
+    make_ids = _ordered_ids if kind == "ordered" else _random_ids
+
+    def messages(start: int, count: int) -> list[NewMessage]:
+        ids = make_ids(start, start + count, per_ms)
+        return [NewMessage(None, b'{"n":1}', id=i, qid=n % QUEUES) for n, i in enumerate(ids)]
 
     def now_of(n: int) -> int:
         return T0 + int(n / per_ms)
@@ -100,7 +107,7 @@ def _run_side(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     script, so that only ``cproxy`` comes from ``source``'s tree."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
     cmd += ["--entries", str(args.entries), "--appends", str(args.appends)]
-    cmd += ["--batch", str(args.batch)]
+    cmd += ["--batch", str(args.batch), "--ids", args.ids]
     env = {**os.environ, "PYTHONPATH": str(source.tree), **dict(source.env)}
     done = subprocess.run(
         cmd, env=env, cwd=source.tree, capture_output=True, text=True, check=False
@@ -132,6 +139,12 @@ def main() -> None:
     parser.add_argument("--entries", type=int, default=500_000, help="live entries at the start")
     parser.add_argument("--appends", type=int, default=2_000)
     parser.add_argument("--batch", type=int, default=100, help="ids per append")
+    parser.add_argument(
+        "--ids",
+        choices=("random", "ordered"),
+        default="random",
+        help="random 32-hex-digit ids (default), or time-ordered ones like UUIDv7s",
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--ab", metavar="REF", help="also run the store of git REF (:pure: from source)"
@@ -145,7 +158,8 @@ def main() -> None:
     if args.entries < 1000 or args.appends < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
     if args.child:
-        print(orjson.dumps(asyncio.run(_measure(args.entries, args.appends, args.batch))).decode())
+        measured = asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids))
+        print(orjson.dumps(measured).decode())
         return
     from benchmarks.harness.report import interleaved, load_average, machine_facts, progress
     from benchmarks.harness.server import PURE_REF, this_tree, this_tree_pure, tree_at
@@ -163,7 +177,7 @@ def main() -> None:
         )
     print(
         f"## Dedup in a steady state ({args.entries:,} live entries, {args.appends:,} appends of"
-        f" {args.batch} new ids; medians of {args.rounds} round(s))\n"
+        f" {args.batch} new {args.ids} ids; medians of {args.rounds} round(s))\n"
     )
     print(_report(sources, runs))
     cmd = " ".join(["python -m benchmarks.dedup", *sys.argv[1:]])
