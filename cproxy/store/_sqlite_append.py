@@ -17,6 +17,9 @@ sweep rewrites only the few consecutive pages it reads, and needs no index to ke
 date on every insert. In a steady state, with as many entries expiring as coming, a lap
 over the table takes a quarter of the window, so an entry is gone at most 1.25 windows
 after it was stored (``known`` checks the time anyway, so a late delete only takes space).
+When ids come slowly after a burst, the burst's entries expire faster than 4 per insert can
+clear them; so while a sweep finds more than half of what it looked at expired, the next
+one looks twice as far (up to ``SWEEP_BACKLOG_MAX``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 #: Entries the sweep looks at per entry inserted.
 SWEEP_PER_ENTRY = 4
+#: While sweeps keep finding mostly expired entries (a backlog: many ids came, then few), each
+#: looks twice as far as the last, up to this many entries (a few dozen pages).
+SWEEP_BACKLOG_MAX = 2048
 
 #: The key before every entry (tids start at 1): where a lap of the sweep starts.
 _TABLE_START = (0, "")
@@ -49,6 +55,8 @@ class Dedup:
         self._max_window_ms = 0
         #: The last key swept, (tid, id); ``_TABLE_START`` at the start of a lap.
         self._swept_to = _TABLE_START
+        #: How far the next sweep looks at least, while clearing a backlog (else 0).
+        self._backlog_stretch = 0
 
     def known(
         self,
@@ -89,7 +97,11 @@ class Dedup:
             rows,
         )
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        self._sweep(conn, now_ms, SWEEP_PER_ENTRY * len(rows))
+        entries = max(SWEEP_PER_ENTRY * len(rows), self._backlog_stretch)
+        if 2 * self._sweep(conn, now_ms, entries) > entries:
+            self._backlog_stretch = min(SWEEP_BACKLOG_MAX, 2 * entries)
+        else:
+            self._backlog_stretch = 0
 
     def _sweep(self, conn: sqlite3.Connection, now_ms: int, entries: int) -> int:
         """Delete the expired entries among the next ``entries`` after the last sweep (to the

@@ -287,6 +287,23 @@ async def test_expired_dedup_entries_are_swept_a_stretch_per_insert(
     assert not (await append("old-7", later + 1)).duplicate  # expired: stored again
 
 
+async def test_a_backlog_of_expired_entries_is_swept_faster(
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_sqlite_append, "SWEEP_PER_ENTRY", 2)
+    monkeypatch.setattr(_sqlite_append, "SWEEP_BACKLOG_MAX", 32)
+    await store.create_topic("t", 1)
+    burst = [NewMessage(None, b"{}", id=f"a-old-{i:02}", qid=0) for i in range(60)]
+    await store.append("t", burst, T0, WINDOW)
+    # Then single ids (sorting after the burst's), once the burst has expired: at 2 entries
+    # per insert the sweep would need 30 inserts; looking twice as far while most of what it
+    # finds has expired, 8 do (the first reaches the end, then 2 + 4 + ... + 32 + 32).
+    later = T0 + WINDOW + 10
+    for i in range(8):
+        await store.append("t", [NewMessage(None, b"{}", id=f"z-new-{i}", qid=0)], later, WINDOW)
+    assert _dedup_ids(store.path) == [f"z-new-{i}" for i in range(8)]
+
+
 async def test_version_4_file_loses_the_dedup_time_index(tmp_path: Path) -> None:
     s = SqliteStore(tmp_path)
     await s.open()
