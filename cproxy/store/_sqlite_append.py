@@ -12,7 +12,7 @@ stretch of time are spread over all of its pages: deleting them by time (schema 
 index on ``produced_at_ms`` for that, pruning every 10,000 inserts) rewrote about one page
 per expired entry in one transaction. Once a 24-hour window filled up, that stalled the
 writer for tens of milliseconds every 10,000 ids (``python -m benchmarks.dedup``: on 500,000
-live entries, the p99 of an append of 100 ids was 43 ms that way, 6.6 with the sweep). A
+live entries, the p99 of an append of 100 ids was 45 ms that way, 5.6 with the sweep). A
 sweep rewrites only the few consecutive pages it reads, and needs no index to keep up to
 date on every insert. In a steady state, with as many entries expiring as coming, a lap
 over the table takes a quarter of the window, so an entry is gone at most 1.25 windows
