@@ -5,9 +5,10 @@ expire as new ones come, the state every producer with ids reaches once its firs
 The store is driven directly (no HTTP), with simulated time: first ``--entries`` ids (random
 32-hex-digit ones, or with ``--ids ordered`` time-ordered ones like UUIDv7s) spread evenly
 over one window, then ``--appends`` appends of ``--batch`` fresh ids each, each at a time
-when the same number of old entries has just expired. Reported: the latency of those appends (ms) and the CPU per id (µs, the process's,
-so the checkpointer's thread counts too). ``--ab REF`` runs the store of git ``REF`` beside
-this tree's, interleaved, each round in a fresh process and data directory per side.
+when the same number of old entries has just expired. Reported: the latency of those
+appends (ms) and the CPU per id (µs, the process's, so the checkpointer's thread counts
+too). ``--ab REF`` runs the store of git ``REF`` beside this tree's, interleaved, each round
+in a fresh process and data directory per side.
 
     python -m benchmarks.dedup --rounds 5
     python -m benchmarks.dedup --rounds 5 --ab dd9711f
