@@ -29,6 +29,7 @@ from cproxy.store._pg_sql import (
     LOCK_IDS,
     LOCK_QUEUES,
     NOTIFY_APPEND,
+    PRUNE_DEDUP,
     READ_BATCHES,
     READ_MANY_FROM_FLOOR,
     UPDATE_QUEUES,
@@ -39,8 +40,13 @@ from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
 
-#: Prune expired dedup entries after this many new ones (per store), amortising the DELETE.
-PRUNE_EVERY = 10_000
+#: Expired dedup entries an append deletes per entry it added, oldest first. One DELETE of
+#: every expired entry per 10,000 added (as before) held that append for ~20 ms at 300,000
+#: entries; a few per append keep up with what expires and never hold one for long.
+PRUNE_PER_ENTRY = 4
+#: Once a delete found fewer expired entries than it could take, the next looks only this
+#: much later (by the appends' clock): while nothing is due, one statement a second.
+PRUNE_IDLE_MS = 1000
 #: Offsets deleted per retention transaction (whole record batches only).
 DELETE_BATCH = 2000
 
@@ -265,15 +271,18 @@ class PgLog(PgBase):
         return out.results, len(out.dedup_rows)
 
     async def _maybe_prune(self, conn: Conn, added: int, now_ms: int, window_ms: int) -> None:
-        # Hints only: another proxy prunes on its own count, which at worst prunes sooner.
+        """Delete a few expired dedup entries (``PRUNE_PER_ENTRY`` per entry ``added``).
+        Hints only: another proxy prunes on its own clock, and skips what this one deletes."""
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        self._since_prune += added
-        if self._since_prune >= PRUNE_EVERY:
-            self._since_prune = 0
-            status = await conn.execute(
-                "DELETE FROM dedup WHERE produced_at_ms <= $1", now_ms - self._max_window_ms
-            )
-            logger.debug("pruned expired dedup entries: %s", status)
+        if now_ms < self._prune_due_ms:
+            return
+        limit = PRUNE_PER_ENTRY * added
+        status = await conn.execute(PRUNE_DEDUP, now_ms - self._max_window_ms, limit)
+        deleted = int(status.rsplit(" ", 1)[-1])  # "DELETE <n>"
+        if deleted < limit:
+            self._prune_due_ms = now_ms + PRUNE_IDLE_MS  # caught up
+        if deleted:
+            logger.debug("pruned %d expired dedup entries", deleted)
 
     async def read(self, topic: str, qid: int, from_offset: int, max_count: int) -> list[Record]:
         return (await self.read_many(topic, [(qid, from_offset, max_count)]))[0]

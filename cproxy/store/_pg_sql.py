@@ -73,6 +73,13 @@ UPDATE_QUEUES = (
     " WHERE q.tid = $1 AND q.qid = u.qid"
 )
 
+#: Delete up to ?2 of the oldest dedup entries stored at or before ?1 (expired), skipping those
+#: another proxy is deleting at the same moment (``PgLog._maybe_prune``).
+PRUNE_DEDUP = (
+    "DELETE FROM dedup WHERE (tid, id) IN (SELECT tid, id FROM dedup"
+    " WHERE produced_at_ms <= $1 ORDER BY produced_at_ms LIMIT $2 FOR UPDATE SKIP LOCKED)"
+)
+
 INSERT_DEDUP = (
     "INSERT INTO dedup (tid, id, qid, off, produced_at_ms)"
     " SELECT $1, u.* FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS u"

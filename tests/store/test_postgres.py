@@ -18,6 +18,7 @@ import pytest
 
 from cproxy.errors import ConfigError, StoreError, TopicNotFound
 from cproxy.model import AppendResult, NewMessage, QueueProgress, TopicInfo
+from cproxy.store import _pg_log
 from cproxy.store.postgres import PostgresStore
 from tests.store.conftest import pg_skip
 from tests.store.pg_server import PgServer, PgUnavailable, free_port
@@ -183,6 +184,30 @@ async def test_a_version_1_schema_is_migrated(pg_dsn: str) -> None:
     finally:
         await s.close()
     assert await sql(pg_dsn, "SELECT v FROM cproxy_meta WHERE k = 'schema_version'") == "3"
+
+
+async def test_expired_dedup_entries_go_a_few_per_append(
+    store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pg_log, "PRUNE_PER_ENTRY", 2)
+    await store.create_topic("t", 1)
+    burst = [NewMessage(None, b"{}", id=f"old-{i}", qid=0) for i in range(10)]
+    await store.append("t", burst, T0, WINDOW)
+
+    async def old_left() -> object:
+        return await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'old-%'")
+
+    # Once the burst has expired, each append of one id deletes at most 2 of it, oldest first.
+    later = T0 + WINDOW + 10
+    left = []
+    for i in range(6):
+        await store.append("t", [NewMessage(None, b"{}", id=f"new-{i}", qid=0)], later, WINDOW)
+        left.append(await old_left())
+    assert left == [8, 6, 4, 2, 0, 0]
+    assert await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'new-%'") == 6
+    assert (await store.append("t", [NewMessage(None, b"{}", id="new-0", qid=0)], later, WINDOW))[
+        0
+    ].duplicate
 
 
 async def test_unreachable_server_raises_store_error() -> None:
