@@ -277,8 +277,11 @@ class PgLog(PgBase):
         if now_ms < self._prune_due_ms:
             return
         limit = PRUNE_PER_ENTRY * added
-        status = await conn.execute(PRUNE_DEDUP, now_ms - self._max_window_ms, limit)
-        deleted = int(status.rsplit(" ", 1)[-1])  # "DELETE <n>"
+        deleted, newest = await conn.fetchrow(
+            PRUNE_DEDUP, self._pruned_to_ms, now_ms - self._max_window_ms, limit
+        )
+        if newest is not None:
+            self._pruned_to_ms = max(self._pruned_to_ms, newest)
         if deleted < limit:
             self._prune_due_ms = now_ms + PRUNE_IDLE_MS  # caught up
         if deleted:
