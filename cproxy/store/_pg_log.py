@@ -277,13 +277,18 @@ class PgLog(PgBase):
         if now_ms < self._prune_due_ms:
             return
         limit = PRUNE_PER_ENTRY * added
-        deleted, newest = await conn.fetchrow(
+        row = await conn.fetchrow(
             PRUNE_DEDUP, self._pruned_to_ms, now_ms - self._max_window_ms, limit
         )
+        assert row is not None  # an aggregate's one row
+        deleted, newest = row
         if newest is not None:
             self._pruned_to_ms = max(self._pruned_to_ms, newest)
-        if deleted < limit:
-            self._prune_due_ms = now_ms + PRUNE_IDLE_MS  # caught up
+        if deleted < limit:  # caught up
+            self._prune_due_ms = now_ms + PRUNE_IDLE_MS
+            # Entries a proxy with a clock a little behind stored since may sit just below
+            # where this scan ended: the next one starts a little earlier.
+            self._pruned_to_ms = max(0, self._pruned_to_ms - PRUNE_IDLE_MS)
         if deleted:
             logger.debug("pruned %d expired dedup entries", deleted)
 
