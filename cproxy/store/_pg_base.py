@@ -73,6 +73,7 @@ class PgBase:
         #: (``PgLog._maybe_prune``).
         self._prune_due_ms = 0
         self._pruned_to_ms = 0
+        self._prune_owed = 0  # entries added since the last prune
         #: Cluster mode (``join_cluster``): the owner/epoch check every ``commit`` runs in its
         #: transaction (``_pg_cluster.Fence``). None (a single proxy): no check, no cost.
         self._fence: Fence | None = None

@@ -40,10 +40,12 @@ from cproxy.store._retention import check_retention, queue_cut
 
 logger = logging.getLogger(__name__)
 
-#: Expired dedup entries an append deletes per entry it added, oldest first. One DELETE of
-#: every expired entry per 10,000 added (as before) held that append for ~20 ms at 300,000
-#: entries; a few per append keep up with what expires and never hold one for long.
+#: Expired dedup entries deleted per entry added, oldest first, in one DELETE per
+#: ``PRUNE_EVERY`` entries added. One DELETE of every expired entry per 10,000 added (as
+#: before) held that append for ~10-40 ms at 300,000 entries; bounded ones, ten times as
+#: often, keep up with what expires and hold an append for a few ms.
 PRUNE_PER_ENTRY = 4
+PRUNE_EVERY = 1000
 #: Once a delete found fewer expired entries than it could take, the next looks only this
 #: much later (by the appends' clock): while nothing is due, one statement a second.
 PRUNE_IDLE_MS = 1000
@@ -271,12 +273,14 @@ class PgLog(PgBase):
         return out.results, len(out.dedup_rows)
 
     async def _maybe_prune(self, conn: Conn, added: int, now_ms: int, window_ms: int) -> None:
-        """Delete a few expired dedup entries (``PRUNE_PER_ENTRY`` per entry ``added``).
-        Hints only: another proxy prunes on its own clock, and skips what this one deletes."""
+        """Delete some expired dedup entries (``PRUNE_PER_ENTRY`` per entry added since the
+        last time), once every ``PRUNE_EVERY`` entries added. Hints only: another proxy prunes
+        on its own count and clock, and skips what this one is deleting."""
         self._max_window_ms = max(self._max_window_ms, window_ms)
-        if now_ms < self._prune_due_ms:
+        self._prune_owed += added
+        if self._prune_owed < PRUNE_EVERY or now_ms < self._prune_due_ms:
             return
-        limit = PRUNE_PER_ENTRY * added
+        limit, self._prune_owed = PRUNE_PER_ENTRY * self._prune_owed, 0
         row = await conn.fetchrow(
             PRUNE_DEDUP, self._pruned_to_ms, now_ms - self._max_window_ms, limit
         )

@@ -190,6 +190,7 @@ async def test_expired_dedup_entries_go_a_few_per_append(
     store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_pg_log, "PRUNE_PER_ENTRY", 2)
+    monkeypatch.setattr(_pg_log, "PRUNE_EVERY", 1)
     await store.create_topic("t", 1)
     burst = [NewMessage(None, b"{}", id=f"old-{i}", qid=0) for i in range(10)]
     await store.append("t", burst, T0, WINDOW)
