@@ -69,11 +69,10 @@ class PgBase:
         self._topics: dict[str, tuple[int, int]] = {}  # name -> (tid, queues)
         self._bytes = ByteCounter()
         self._max_window_ms = 0
-        #: When appends look for expired dedup entries again, and from which time on
-        #: (``PgLog._maybe_prune``).
-        self._prune_due_ms = 0
+        #: Where the last delete of expired dedup entries ended (a stored time), and the
+        #: entries added since (``PgLog._maybe_prune``).
         self._pruned_to_ms = 0
-        self._prune_owed = 0  # entries added since the last prune
+        self._prune_owed = 0
         #: Cluster mode (``join_cluster``): the owner/epoch check every ``commit`` runs in its
         #: transaction (``_pg_cluster.Fence``). None (a single proxy): no check, no cost.
         self._fence: Fence | None = None

@@ -46,9 +46,6 @@ logger = logging.getLogger(__name__)
 #: often, keep up with what expires and hold an append for a few ms.
 PRUNE_PER_ENTRY = 4
 PRUNE_EVERY = 1000
-#: Once a delete found fewer expired entries than it could take, the next looks only this
-#: much later (by the appends' clock): while nothing is due, one statement a second.
-PRUNE_IDLE_MS = 1000
 #: Offsets deleted per retention transaction (whole record batches only).
 DELETE_BATCH = 2000
 
@@ -273,12 +270,13 @@ class PgLog(PgBase):
         return out.results, len(out.dedup_rows)
 
     async def _maybe_prune(self, conn: Conn, added: int, now_ms: int, window_ms: int) -> None:
-        """Delete some expired dedup entries (``PRUNE_PER_ENTRY`` per entry added since the
-        last time), once every ``PRUNE_EVERY`` entries added. Hints only: another proxy prunes
-        on its own count and clock, and skips what this one is deleting."""
+        """Delete some expired dedup entries, oldest first: once every ``PRUNE_EVERY``
+        entries added, up to about ``PRUNE_PER_ENTRY`` per entry added since the last time.
+        Hints only: another proxy prunes on its own count; entries are stored a window ahead
+        of where a scan ends, so a scan never passes one that has not expired yet."""
         self._max_window_ms = max(self._max_window_ms, window_ms)
         self._prune_owed += added
-        if self._prune_owed < PRUNE_EVERY or now_ms < self._prune_due_ms:
+        if self._prune_owed < PRUNE_EVERY:
             return
         limit, self._prune_owed = PRUNE_PER_ENTRY * self._prune_owed, 0
         row = await conn.fetchrow(
@@ -288,11 +286,6 @@ class PgLog(PgBase):
         deleted, newest = row
         if newest is not None:
             self._pruned_to_ms = max(self._pruned_to_ms, newest)
-        if deleted < limit:  # caught up
-            self._prune_due_ms = now_ms + PRUNE_IDLE_MS
-            # Entries a proxy with a clock a little behind stored since may sit just below
-            # where this scan ended: the next one starts a little earlier.
-            self._pruned_to_ms = max(0, self._pruned_to_ms - PRUNE_IDLE_MS)
         if deleted:
             logger.debug("pruned %d expired dedup entries", deleted)
 

@@ -73,15 +73,16 @@ UPDATE_QUEUES = (
     " WHERE q.tid = $1 AND q.qid = u.qid"
 )
 
-#: Delete up to $3 of the oldest dedup entries stored from $1 to $2 (expired), skipping those
-#: another proxy is deleting at the same moment; how many, and the newest time deleted
-#: (``PgLog._maybe_prune``). The scan starts at $1, where the last one ended: the entries
-#: deleted before stay in the index as dead tuples until a vacuum, and a scan from the start
-#: would walk all of them again every time.
+#: Delete the dedup entries stored from $1 to $2 (expired), about $3 of them at most, the
+#: oldest first; returns how many, and the newest time deleted (``PgLog._maybe_prune``). The
+#: bound is a time: that of the $3-th entry on, found in the time index, so the DELETE walks
+#: that index's range and nothing else (entries of one millisecond go together). The scan
+#: starts at $1, where the last one ended: entries deleted before stay in the index as dead
+#: tuples until a vacuum, and a scan from the start would walk all of them every time.
 PRUNE_DEDUP = (
-    "WITH d AS (DELETE FROM dedup WHERE (tid, id) IN (SELECT tid, id FROM dedup"
-    " WHERE produced_at_ms >= $1 AND produced_at_ms <= $2 ORDER BY produced_at_ms LIMIT $3"
-    " FOR UPDATE SKIP LOCKED) RETURNING produced_at_ms)"
+    "WITH d AS (DELETE FROM dedup WHERE produced_at_ms >= $1 AND produced_at_ms <= LEAST($2,"
+    " coalesce((SELECT produced_at_ms FROM dedup WHERE produced_at_ms >= $1"
+    " ORDER BY produced_at_ms OFFSET $3 - 1 LIMIT 1), $2)) RETURNING produced_at_ms)"
     " SELECT count(*), max(produced_at_ms) FROM d"
 )
 

@@ -192,14 +192,14 @@ async def test_expired_dedup_entries_go_a_few_per_append(
     monkeypatch.setattr(_pg_log, "PRUNE_PER_ENTRY", 2)
     monkeypatch.setattr(_pg_log, "PRUNE_EVERY", 1)
     await store.create_topic("t", 1)
-    burst = [NewMessage(None, b"{}", id=f"old-{i}", qid=0) for i in range(10)]
-    await store.append("t", burst, T0, WINDOW)
+    for i in range(10):  # a burst, one id per millisecond
+        await store.append("t", [NewMessage(None, b"{}", id=f"old-{i}", qid=0)], T0 + i, WINDOW)
 
     async def old_left() -> object:
         return await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'old-%'")
 
     # Once the burst has expired, each append of one id deletes at most 2 of it, oldest first.
-    later = T0 + WINDOW + 10
+    later = T0 + WINDOW + 20
     left = []
     for i in range(6):
         await store.append("t", [NewMessage(None, b"{}", id=f"new-{i}", qid=0)], later, WINDOW)
