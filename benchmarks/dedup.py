@@ -72,18 +72,6 @@ async def _measure(
     def now_of(n: int) -> int:
         return T0 + int(n / per_ms)
 
-    def percentiles(values: list[float]) -> dict[str, float]:
-        # Nearest rank, as the harness's (which this child process does not import: it may
-        # run another tree's code, whose benchmarks package is older).
-        ordered = sorted(values)
-        points = (("p50", 50.0), ("p99", 99.0), ("p999", 99.9), ("max", 100.0))
-        return {
-            name: round(
-                ordered[max(0, min(len(ordered), round(q / 100 * len(ordered) + 0.5)) - 1)], 2
-            )
-            for name, q in points
-        }
-
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
         store: Store = PostgresStore(postgres) if postgres else SqliteStore(Path(tmp))
         await store.open()
@@ -103,11 +91,9 @@ async def _measure(
             cpu = time.process_time() - cpu
         finally:
             await store.close()
-    return {
-        **percentiles(latencies),
-        "mean": round(sum(latencies) / len(latencies), 2),
-        "cpu_us_per_id": round(cpu / (appends * batch) * 1e6, 1),
-    }
+    # Raw: the parent summarises them with the harness (this process runs another tree's
+    # code under ``--ab``, so it imports nothing of the benchmarks package).
+    return {"latencies_ms": latencies, "cpu_us_per_id": round(cpu / (appends * batch) * 1e6, 1)}
 
 
 def _child(args: argparse.Namespace) -> dict[str, Any]:
@@ -140,8 +126,15 @@ def _run_side(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     )
     if done.returncode != 0:
         raise SystemExit(f"benchmarks.dedup: side {source.label} failed:\n{done.stderr[-2000:]}")
-    result: dict[str, Any] = orjson.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    from benchmarks.harness.report import percentiles
+
+    raw = orjson.loads(done.stdout.strip().splitlines()[-1])
+    latencies: list[float] = raw["latencies_ms"]
+    return {
+        **percentiles(latencies, 2),
+        "mean": round(sum(latencies) / len(latencies), 2),
+        "cpu_us_per_id": raw["cpu_us_per_id"],
+    }
 
 
 def _report(sources: list[Source], runs: dict[str, list[dict[str, Any]]]) -> str:
