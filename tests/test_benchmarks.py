@@ -91,3 +91,33 @@ def test_scenario_runs_in_its_quick_mode(name: str, tmp_path: Path) -> None:
     assert "|---" in done.stdout, done.stdout  # a markdown table
     assert f"python -m benchmarks.{name} --quick" in done.stdout  # its command, with the load
     assert json.loads(out.read_text())["machine"]["logical_cores"] == os.cpu_count()
+
+
+@pytest.mark.timeout(300)
+def test_dedup_runs_proxies_over_one_postgres(tmp_path: Path) -> None:
+    from tests.store.pg_server import PgUnavailable, bin_dir
+
+    try:
+        bin_dir()
+    except PgUnavailable as exc:
+        pytest.skip(f"needs PostgreSQL: {exc}")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    args = ["--quick", "--store", "postgres", "--proxies", "2", "--entries", "5000"]
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.dedup", *args, "--appends", "50"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "postgres x 2 proxies" in done.stdout, done.stdout
+
+
+def test_dedup_refuses_proxies_without_postgres() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.dedup", "--proxies", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "above 1 only with --store postgres" in done.stderr.splitlines()[-1]

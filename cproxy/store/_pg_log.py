@@ -22,6 +22,7 @@ from cproxy.store._common import (
     topic_not_found,
 )
 from cproxy.store._pg_base import PgBase
+from cproxy.store._pg_schema import FOREIGN_ERRORS
 from cproxy.store._pg_sql import (
     BATCH_AT,
     INSERT_BATCHES,
@@ -273,15 +274,26 @@ class PgLog(PgBase):
         """Delete some expired dedup entries, oldest first: once every ``PRUNE_EVERY``
         entries added, up to about ``PRUNE_PER_ENTRY`` per entry added since the last time.
         Hints only: another proxy prunes on its own count; entries are stored a window ahead
-        of where a scan ends, so a scan never passes one that has not expired yet."""
+        of where a scan ends, so a scan never passes one that has not expired yet.
+
+        It runs after the append committed, so it never fails the append: a failed prune is
+        logged, and the next one owes its entries too. (One way it fails: it locks entries
+        in time order, an append that re-sends expired ids locks theirs in id order, and
+        PostgreSQL ends such a deadlock by failing one of the two.)"""
         self._max_window_ms = max(self._max_window_ms, window_ms)
         self._prune_owed += added
         if self._prune_owed < PRUNE_EVERY:
             return
-        limit, self._prune_owed = PRUNE_PER_ENTRY * self._prune_owed, 0
-        row = await conn.fetchrow(
-            PRUNE_DEDUP, self._pruned_to_ms, now_ms - self._max_window_ms, limit
-        )
+        owed, self._prune_owed = self._prune_owed, 0
+        try:
+            row = await conn.fetchrow(
+                PRUNE_DEDUP, self._pruned_to_ms, now_ms - self._max_window_ms,
+                PRUNE_PER_ENTRY * owed,
+            )  # fmt: skip
+        except FOREIGN_ERRORS as exc:
+            self._prune_owed += owed
+            logger.warning("deleting expired dedup entries failed, will try again: %s", exc)
+            return
         assert row is not None  # an aggregate's one row
         deleted, newest = row
         if newest is not None:

@@ -211,6 +211,71 @@ async def test_expired_dedup_entries_go_a_few_per_append(
     ].duplicate
 
 
+async def test_a_prune_that_loses_a_deadlock_leaves_the_append_stored(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A prune locks expired entries in time order; an append that re-sends expired ids locks
+    # theirs in id order. PostgreSQL ends such a deadlock by failing one side: when that is
+    # the prune, the append it follows has committed and must be answered as stored.
+    monkeypatch.setattr(_pg_log, "PRUNE_EVERY", 1)
+    database = await sql(pg_dsn, "SELECT current_database()")
+    await sql(pg_dsn, f"ALTER DATABASE \"{database}\" SET deadlock_timeout = '20ms'")
+    s = PostgresStore(pg_dsn)  # its sessions check for deadlocks first: the prune loses
+    await s.open()
+    holder = await asyncpg.connect(pg_dsn)
+    try:
+        await holder.execute("SET deadlock_timeout = '10s'")
+        await s.create_topic("t", 1)
+        for i in range(2):
+            await s.append("t", [NewMessage(None, b"{}", id=f"old-{i}", qid=0)], T0 + i, WINDOW)
+        later = T0 + WINDOW + 10
+        answers: list[list[AppendResult]] = []
+
+        async def produce() -> None:
+            answers.append(
+                await s.append("t", [NewMessage(None, b"{}", id="new-0", qid=0)], later, WINDOW)
+            )
+
+        async with holder.transaction():
+            await holder.execute("SELECT 1 FROM dedup WHERE id = 'old-1' FOR UPDATE")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(produce)
+                with anyio.fail_after(5):  # the prune has deleted old-0 and waits for old-1
+                    while not await holder.fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    ):
+                        await anyio.sleep(0.01)
+                await holder.execute("SELECT 1 FROM dedup WHERE id = 'old-0' FOR UPDATE")
+        assert answers == [[AppendResult(0, 2)]]
+        assert await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'old-%'") == 2
+        await s.append("t", [NewMessage(None, b"{}", id="new-1", qid=0)], later, WINDOW)
+        assert await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'old-%'") == 0
+    finally:
+        await holder.close()
+        await s.close()
+
+
+async def test_a_failed_prune_leaves_the_append_stored_and_is_tried_again(
+    store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_pg_log, "PRUNE_EVERY", 1)
+    await store.create_topic("t", 1)
+    for i in range(3):
+        await store.append("t", [NewMessage(None, b"{}", id=f"old-{i}", qid=0)], T0 + i, WINDOW)
+    later = T0 + WINDOW + 10
+    good = _pg_log.PRUNE_DEDUP
+    failing = "SELECT 1 / ($3::int - $3::int), $1::bigint + $2::bigint"  # division by zero
+    monkeypatch.setattr(_pg_log, "PRUNE_DEDUP", failing)
+    # The append committed before its prune: it is answered as stored, not as failed.
+    results = await store.append("t", [NewMessage(None, b"{}", id="new-0", qid=0)], later, WINDOW)
+    assert results == [AppendResult(0, 3)]
+    assert [m.id for m in await store.read("t", 0, 0, 10)] == ["old-0", "old-1", "old-2", "new-0"]
+    monkeypatch.setattr(_pg_log, "PRUNE_DEDUP", good)
+    # The next prune owes what the failed one did not delete (4 per entry, 2 entries here).
+    await store.append("t", [NewMessage(None, b"{}", id="new-1", qid=0)], later, WINDOW)
+    assert await sql(pg_dsn, "SELECT count(*) FROM dedup WHERE id LIKE 'old-%'") == 0
+
+
 async def test_unreachable_server_raises_store_error() -> None:
     s = PostgresStore(f"postgresql://postgres@127.0.0.1:{free_port()}/x", connect_timeout_ms=2000)
     with pytest.raises(StoreError):
