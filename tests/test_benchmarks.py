@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import benchmarks
+from tests.store.conftest import pg_skip
+from tests.store.pg_server import PgUnavailable, bin_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,6 +44,14 @@ SMALL = {
     "sdk_submit": ["--messages", "2000", "--send-messages", "100"],
     "sdk_transport": ["--messages", "500"],
 }
+
+
+def _with_repo_on_path() -> dict[str, str]:
+    """This process's environment with the repository first on ``PYTHONPATH``."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def _scripts() -> list[str]:
@@ -79,10 +89,7 @@ def test_scenario_runs_in_its_quick_mode(name: str, tmp_path: Path) -> None:
     if name == "spark_sink" and importlib.util.find_spec("pyspark") is None:
         pytest.skip("needs pyspark")
     out = tmp_path / "out.json"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+    env = _with_repo_on_path()
     done = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{name}", "--quick", "--json", str(out), *SMALL[name]],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
@@ -94,17 +101,12 @@ def test_scenario_runs_in_its_quick_mode(name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_dedup_runs_proxies_over_one_postgres(tmp_path: Path) -> None:
-    from tests.store.pg_server import PgUnavailable, bin_dir
-
+def test_dedup_runs_proxies_over_one_postgres(request: pytest.FixtureRequest) -> None:
     try:
         bin_dir()
     except PgUnavailable as exc:
-        pytest.skip(f"needs PostgreSQL: {exc}")
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
+        pg_skip(request, exc)
+    env = _with_repo_on_path()
     args = ["--quick", "--store", "postgres", "--proxies", "2", "--entries", "5000"]
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.dedup", *args, "--appends", "50"],

@@ -42,8 +42,10 @@ SWEEP_PER_ENTRY = 4
 #: looks twice as far as the last, up to this many entries (a few dozen pages).
 SWEEP_BACKLOG_MAX = 2048
 
-#: The key before every entry (tids start at 1): where a lap of the sweep starts.
+#: The key before every entry (tids start at 1): where a lap of the sweep starts; and a key
+#: after every entry (SQLite's largest integer as the tid): where the last stretch of a lap ends.
 _TABLE_START = (0, "")
+_TABLE_END = (2**63 - 1, "")
 
 
 class Dedup:
@@ -113,19 +115,13 @@ class Dedup:
             "SELECT tid, id FROM dedup WHERE (tid, id) > (?, ?) ORDER BY tid, id LIMIT 1 OFFSET ?",
             (*start, entries - 1),
         ).fetchone()
-        if end is None:
-            cur = conn.execute(
-                "DELETE FROM dedup WHERE (tid, id) > (?, ?) AND produced_at_ms <= ?",
-                (*start, cutoff),
-            )
-            self._swept_to = _TABLE_START
-        else:
-            cur = conn.execute(
-                "DELETE FROM dedup WHERE (tid, id) > (?, ?) AND (tid, id) <= (?, ?)"
-                " AND produced_at_ms <= ?",
-                (*start, *end, cutoff),
-            )
-            self._swept_to = (end[0], end[1])
+        stop = _TABLE_END if end is None else (end[0], end[1])
+        cur = conn.execute(
+            "DELETE FROM dedup WHERE (tid, id) > (?, ?) AND (tid, id) <= (?, ?)"
+            " AND produced_at_ms <= ?",
+            (*start, *stop, cutoff),
+        )
+        self._swept_to = _TABLE_START if end is None else stop
         if cur.rowcount:
             logger.debug("swept %d expired dedup entries", cur.rowcount)
         return cur.rowcount
