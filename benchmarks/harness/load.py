@@ -245,13 +245,17 @@ class ConsumerStats:
 
 
 async def _puller(url: str, group: str, stats: ConsumerStats, max_messages: int, wait_ms: int,
-                  record_latency: bool, stop: asyncio.Event) -> None:  # fmt: skip
+                  record_latency: bool, stop: asyncio.Event,
+                  polling: set[asyncio.Task[None] | None]) -> None:  # fmt: skip
     results: list[QueueResult] = []
+    me = asyncio.current_task()
     async with client(url) as c:
         while not stop.is_set():
+            polling.add(me)
             pulled = await c.pull(
                 group, max_messages=max_messages, wait_ms=wait_ms, results=results
             )
+            polling.discard(me)
             now, now_ns = time.perf_counter(), time.time_ns()
             stats.pulls += 1
             stats.empty_pulls += not pulled.messages
@@ -285,14 +289,20 @@ async def consume(
     wait_ms: int = 1000,
     time_limit_s: float | None = None,
     record_latency: bool = False,
+    stop_parked: bool = True,
 ) -> ConsumerStats:
     """Pull (acking on the next pull) until ``total`` messages were delivered once (or the
-    time limit), then stop the pullers and send their last acks. Several URLs (proxies of one
-    cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
+    time limit), then stop the pullers: with ``stop_parked``, a puller parked in a long poll
+    is cancelled there (its last acks rode on that poll; cproxy gives back what it hands to a
+    poll whose client has gone), the others send their last acks. Several URLs (proxies of
+    one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
     urls = as_urls(url)
     stats = ConsumerStats(total)
     stop = asyncio.Event()
-    args = (group, stats, max_messages, wait_ms, record_latency, stop)
+    #: The pullers waiting for a pull's answer: at the end, each would otherwise wait out its
+    #: long poll (``wait_ms``, 5 s in the latency runs) for nothing.
+    polling: set[asyncio.Task[None] | None] = set()
+    args = (group, stats, max_messages, wait_ms, record_latency, stop, polling)
     tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
     stats.started = time.perf_counter()
     waiter = asyncio.create_task(stats.done.wait())
@@ -306,6 +316,9 @@ async def consume(
     finally:
         waiter.cancel()
         stop.set()
+        for task in tasks:
+            if stop_parked and task in polling:
+                task.cancel()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [e for e in outcomes if isinstance(e, Exception)]
     if errors:
