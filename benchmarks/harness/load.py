@@ -294,8 +294,8 @@ async def consume(
     """Pull (acking on the next pull) until ``total`` messages were delivered once (or the
     time limit), then stop the pullers: with ``stop_parked``, a puller parked in a long poll
     is cancelled there (its last acks rode on that poll; cproxy ends a long poll whose client
-    has gone, so it hands such a poll nothing), the others send their last acks. Several URLs (proxies of
-    one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
+    has gone, so it hands such a poll nothing), the others send their last acks. Several
+    URLs (proxies of one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
     urls = as_urls(url)
     stats = ConsumerStats(total)
     stop = asyncio.Event()
