@@ -3,6 +3,7 @@ are not checked here: they are measured, on purpose, elsewhere)."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 import benchmarks
+from benchmarks.harness.load import client, consume, create_topic, make_batches, produce, put_group
 from tests.store.conftest import pg_skip
 from tests.store.pg_server import PgUnavailable, bin_dir
+from tests.support import RunningServer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,3 +126,22 @@ def test_dedup_refuses_proxies_without_postgres() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert "above 1 only with --store postgres" in done.stderr.splitlines()[-1]
+
+
+async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
+    server: RunningServer,
+) -> None:
+    """``consume`` returns once the last message is delivered: pullers parked in a 30 s long
+    poll are stopped there, not waited for, and the server hands their polls nothing."""
+    async with client(server.url) as admin:
+        await create_topic(admin, "t", 2)
+        await put_group(admin, "g", "t")
+        consumer = asyncio.create_task(consume(server.url, "g", 200, 4, 100, wait_ms=30_000))
+        await produce(server.url, "t", make_batches(200, 20, 10, 50), 2, 1)
+        # Waiting out the parked polls would take 30 s.
+        stats = await asyncio.wait_for(consumer, 15)
+        assert (stats.delivered, stats.redeliveries, stats.order_violations) == (200, 0, 0)
+        # Every message acked (the last acks rode on the polls that were stopped), none
+        # handed out since.
+        group = (await admin.get_group("g"))["stats"]
+        assert (group["in_flight"], [q["lag"] for q in group["queues"]]) == (0, [0, 0])
