@@ -71,7 +71,9 @@ async def throughput(d: Deployment, tag: str, n: int) -> dict[str, Any]:
     cpu, pg_cpu = d.cpu(), d.pg_cpu()
     c0, p0 = cpu.seconds(), pg_cpu.seconds()
     t0 = time.perf_counter()
-    consumer = asyncio.create_task(consume(d.urls, group, n, PULLERS, BATCH, wait_ms=1000))
+    consumer = asyncio.create_task(
+        consume(d.urls, group, n, PULLERS, BATCH, wait_ms=1000, stop_parked=True)
+    )
     await produce(d.urls, topic, batches, PRODUCERS, key_stride(BATCH, KEYS))
     stats = await consumer
     elapsed = stats.done_at - t0

@@ -110,11 +110,9 @@ async def http_run(
         await put_group(admin, topic, topic, "key")
     expected = max(1, round(seconds * rate / BATCH)) * BATCH
     with Probe(pid) as p:
-        # The floor does not notice a client that has gone: what it hands to such a poll is
-        # lost to the next point, so its pullers wait out their last polls.
         consumer = asyncio.create_task(
             consume(url, topic, expected, PULLERS, 100, wait_ms=WAIT_MS, record_latency=True,
-                    time_limit_s=seconds * 3 + 30, stop_parked=admin is not None)
+                    time_limit_s=seconds * 3 + 30)
         )  # fmt: skip
         await asyncio.sleep(0.5)  # the pullers are parked in their long polls
         sent = await open_loop_produce(url, topic, rate, BATCH, seconds, KEYS, BODY_BYTES)

@@ -89,7 +89,9 @@ async def run_cell(side: Side, cell: Cell, tag: str) -> dict[str, Any]:
         with Probe(side.pid) as p:
             t0 = time.perf_counter()
             consumer = asyncio.create_task(
-                consume(side.url, group, n, cell.pullers, cell.batch, wait_ms=1000)
+                consume(
+                    side.url, group, n, cell.pullers, cell.batch, wait_ms=1000, stop_parked=True
+                )
             )
             produce_s = await produce(
                 side.url, topic, batches, PRODUCERS, key_stride(cell.batch, cell.keys)

@@ -131,12 +131,15 @@ def test_dedup_refuses_proxies_without_postgres() -> None:
 async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
     server: RunningServer,
 ) -> None:
-    """``consume`` returns once the last message is delivered: pullers parked in a 30 s long
-    poll are stopped there, not waited for, and the server hands their polls nothing."""
+    """With ``stop_parked``, ``consume`` returns once the last message is delivered: pullers
+    parked in a 30 s long poll are stopped there, not waited for, and the server hands their
+    polls nothing."""
     async with client(server.url) as admin:
         await create_topic(admin, "t", 2)
         await put_group(admin, "g", "t")
-        consumer = asyncio.create_task(consume(server.url, "g", 200, 4, 100, wait_ms=30_000))
+        consumer = asyncio.create_task(
+            consume(server.url, "g", 200, 4, 100, wait_ms=30_000, stop_parked=True)
+        )
         await produce(server.url, "t", make_batches(200, 20, 10, 50), 2, 1)
         # Waiting out the parked polls would take 30 s.
         stats = await asyncio.wait_for(consumer, 15)

@@ -289,18 +289,21 @@ async def consume(
     wait_ms: int = 1000,
     time_limit_s: float | None = None,
     record_latency: bool = False,
-    stop_parked: bool = True,
+    stop_parked: bool = False,
 ) -> ConsumerStats:
     """Pull (acking on the next pull) until ``total`` messages were delivered once (or the
-    time limit), then stop the pullers: with ``stop_parked``, a puller parked in a long poll
-    is cancelled there (its last acks rode on that poll; cproxy ends a long poll whose client
-    has gone, so it hands such a poll nothing), the others send their last acks. Several
-    URLs (proxies of one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``."""
+    time limit), then stop the pullers and send their last acks. Several URLs (proxies of
+    one cluster): puller ``i`` pulls from ``urls[i % len(urls)]``.
+
+    A puller parked in a long poll at the end waits it out (up to ``wait_ms``), which gives
+    the server a rest before whatever runs next; latency points rely on it. With
+    ``stop_parked`` it is cancelled there instead: its last acks rode on that poll, and
+    cproxy ends a long poll whose client has gone, so it hands such a poll nothing. The
+    throughput runs use that (their figures did not move beyond noise)."""
     urls = as_urls(url)
     stats = ConsumerStats(total)
     stop = asyncio.Event()
-    #: The pullers waiting for a pull's answer: at the end, each would otherwise wait out its
-    #: long poll (``wait_ms``, 5 s in the latency runs) for nothing.
+    #: The pullers waiting for a pull's answer (``stop_parked``).
     polling: set[asyncio.Task[None] | None] = set()
     args = (group, stats, max_messages, wait_ms, record_latency, stop, polling)
     tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
