@@ -246,9 +246,10 @@ class ConsumerStats:
 
 async def _puller(url: str, group: str, stats: ConsumerStats, max_messages: int, wait_ms: int,
                   record_latency: bool, stop: asyncio.Event,
-                  polling: set[asyncio.Task[None] | None]) -> None:  # fmt: skip
+                  polling: set[asyncio.Task[Any]]) -> None:  # fmt: skip
     results: list[QueueResult] = []
     me = asyncio.current_task()
+    assert me is not None  # a puller always runs as a task of consume()
     async with client(url) as c:
         while not stop.is_set():
             polling.add(me)
@@ -304,7 +305,7 @@ async def consume(
     stats = ConsumerStats(total)
     stop = asyncio.Event()
     #: The pullers waiting for a pull's answer (``stop_parked``).
-    polling: set[asyncio.Task[None] | None] = set()
+    polling: set[asyncio.Task[Any]] = set()
     args = (group, stats, max_messages, wait_ms, record_latency, stop, polling)
     tasks = [asyncio.create_task(_puller(urls[i % len(urls)], *args)) for i in range(pullers)]
     stats.started = time.perf_counter()
@@ -319,8 +320,8 @@ async def consume(
     finally:
         waiter.cancel()
         stop.set()
-        for task in tasks:
-            if stop_parked and task in polling:
+        if stop_parked:
+            for task in polling:
                 task.cancel()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
     errors = [e for e in outcomes if isinstance(e, Exception)]
