@@ -202,6 +202,8 @@ def main() -> None:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
     if args.proxies < 1 or (args.proxies > 1 and args.store != "postgres"):
         parser.error("--proxies must be positive, and above 1 only with --store postgres")
+    if args.ab == ":memory":
+        parser.error("--ab :memory measures a served app; this scenario measures the store itself")
     if args.child:
         print(orjson.dumps(_child(args)).decode())
         return

@@ -9,7 +9,9 @@ Parquet's in the same round:
   ordered batches, the Arrow path) into a fresh topic per run, so dedup never short-cuts it;
 - ``parquet``: the same DataFrame with the same repartition and sort written to Parquet;
 - ``to python``: the same repartitioned and sorted rows reaching a Python worker through
-  Arrow and counted there: what feeding the sink costs Spark, nothing sent.
+  Arrow and counted there: what feeding the sink costs Spark, nothing sent;
+- ``sink, dedup off`` (with ``--without-dedup``): the same write into a second server whose
+  dedup is off (``dedup_window_ms = 0``): what the server's dedup of the sink's ids costs.
 
 What bounds each run: CPU seconds per 1,000 rows of Spark's JVM, of its Python workers
 (the sink's encoding and HTTP client, or the counting) and of the server, against the 2
@@ -23,6 +25,7 @@ Needs pyspark, pyarrow, pandas and Java 17.
 
     python -m benchmarks.spark_sink --quick                 # 50k rows, 1 round
     python -m benchmarks.spark_sink --rounds 3 --json spark.json
+    python -m benchmarks.spark_sink --rounds 5 --without-dedup
 """
 
 from __future__ import annotations
@@ -60,16 +63,18 @@ from spark_sink.writer import write_with_options
 
 #: A measurement's run: (rows handled, rows expected, the sink's summary or None).
 Run = Callable[[], tuple[int, int, WriteSummary | None]]
+#: The config of the ``--without-dedup`` server: it stores every message it is sent.
+NO_DEDUP_CONFIG = "[server]\ndedup_window_ms = 0\n"
 
 
 @dataclass
 class Cpu:
     """CPU seconds (user + system) of Spark's JVM, of its Python workers (the JVM's
-    descendants, which Spark keeps for reuse) and of the server, read before and after a
-    run."""
+    descendants, which Spark keeps for reuse) and of the servers (summed: a run writes to
+    one, the other idles), read before and after a run."""
 
     jvm: psutil.Process
-    server: psutil.Process
+    servers: list[psutil.Process]
 
     def read(self) -> dict[str, float]:
         workers = 0.0
@@ -79,7 +84,7 @@ class Cpu:
         return {
             "jvm": cpu_seconds(self.jvm),
             "workers": workers,
-            "server": cpu_seconds(self.server),
+            "server": sum(cpu_seconds(server) for server in self.servers),
         }
 
 
@@ -128,14 +133,18 @@ def to_python(df: Any) -> int:
     return int(sum(r["rows"] for r in counted))
 
 
-def measurements(df: Any, url: str, args: Any, scratch: Path) -> dict[str, Run]:
-    """Name -> a run returning (rows handled, rows expected, the sink's summary or None)."""
+def measurements(df: Any, urls: list[str], args: Any, scratch: Path) -> dict[str, Run]:
+    """Name -> a run returning (rows handled, rows expected, the sink's summary or None).
+    ``urls``: the server, then the one with dedup off (``--without-dedup``) if any."""
     rows = df.count()
 
-    def sink() -> tuple[int, int, WriteSummary | None]:
-        options = new_options(url, batch_size=args.batch_size)
-        summary = write_with_options(df, options, service_checked=True)
-        return summary.stored, rows, summary
+    def sink_into(url: str) -> Run:
+        def sink() -> tuple[int, int, WriteSummary | None]:
+            options = new_options(url, batch_size=args.batch_size)
+            summary = write_with_options(df, options, service_checked=True)
+            return summary.stored, rows, summary
+
+        return sink
 
     def parquet() -> tuple[int, int, WriteSummary | None]:
         target = scratch / uuid.uuid4().hex
@@ -143,7 +152,14 @@ def measurements(df: Any, url: str, args: Any, scratch: Path) -> dict[str, Run]:
         shutil.rmtree(target, ignore_errors=True)
         return rows, rows, None
 
-    return {"sink": sink, "parquet": parquet, "to python": lambda: (to_python(df), rows, None)}
+    runs = {
+        "sink": sink_into(urls[0]),
+        "parquet": parquet,
+        "to python": lambda: (to_python(df), rows, None),
+    }
+    if len(urls) > 1:
+        runs["sink, dedup off"] = sink_into(urls[1])
+    return runs
 
 
 #: What the report shows per measurement, besides rows/s: CPU ms per 1,000 rows by process,
@@ -158,13 +174,13 @@ TASK_PARTS = ("input_ms", "encode_ms", "wait_ms")
 
 
 def run_size(
-    spark: Any, url: str, args: Any, size: int, scratch: Path, cpu: Cpu
+    spark: Any, urls: list[str], args: Any, size: int, scratch: Path, cpu: Cpu
 ) -> list[dict[str, Any]]:
     df = dataset(spark, size, args.keys)
     # Unmeasured: the JVM compiles the shuffle and sort at this size for whichever run
     # comes first, which would otherwise always be the first round's first measurement.
     to_python(df)
-    runs = measurements(df, url, args, scratch)
+    runs = measurements(df, urls, args, scratch)
     names = list(runs)
     rates: dict[str, list[float]] = {n: [] for n in names}
     to_parquet: dict[str, list[float]] = {n: [] for n in names}
@@ -215,12 +231,13 @@ def run_size(
     ]
 
 
-def warm_up(spark: Any, url: str, scratch: Path) -> None:
+def warm_up(spark: Any, urls: list[str], scratch: Path) -> None:
     """Start the JVM's code paths and as many Python workers as the measured runs use (one
     per concurrent task: a measured run that had to start one would pay its start-up)."""
     warm = dataset(spark, 10_000, 100)
     tasks = int(spark.conf.get("spark.sql.shuffle.partitions"))
-    write_with_options(warm, new_options(url, num_partitions=tasks), service_checked=True)
+    for url in urls:
+        write_with_options(warm, new_options(url, num_partitions=tasks), service_checked=True)
     prepare(warm, "key", "seq", tasks).mapInArrow(count_batches, "rows long").collect()
     warm.write.parquet(str(scratch / "warm"))
     warm.unpersist()
@@ -232,6 +249,11 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument("--rounds", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument(
+        "--without-dedup",
+        action="store_true",
+        help="also write into a second server with dedup off, in the same rounds",
+    )
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
     sizes = [int(s) for s in (args.sizes or ("50000" if args.quick else "200000")).split(",")]
@@ -253,16 +275,21 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     scratch = Path(tempfile.mkdtemp(prefix="cproxy-spark-parquet-"))
     try:
-        with servers("cproxy-spark-") as (server,):
-            url = server.url
-            warm_up(spark, url, scratch)
+        with contextlib.ExitStack() as stack:
+            started = [*stack.enter_context(servers("cproxy-spark-"))]
+            if args.without_dedup:
+                started += stack.enter_context(
+                    servers("cproxy-spark-", config_toml=NO_DEDUP_CONFIG)
+                )
+            urls = [server.url for server in started]
+            warm_up(spark, urls, scratch)
             # The gateway's process is spark-submit, which execs the JVM (same pid).
             gateway = spark.sparkContext._gateway
             assert gateway is not None, "no local JVM"
             jvm = psutil.Process(gateway.proc.pid)
-            cpu = Cpu(jvm, psutil.Process(server.pid))
+            cpu = Cpu(jvm, [psutil.Process(server.pid) for server in started])
             for size in sizes:
-                results += run_size(spark, url, args, size, scratch, cpu)
+                results += run_size(spark, urls, args, size, scratch, cpu)
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)

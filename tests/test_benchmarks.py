@@ -32,7 +32,7 @@ SMALL = {
     "longpoll": ["--pullers", "50", "--idle-s", "0.5", "--trickle-s", "0.5", "--rate", "20"],
     "push": ["--messages", "1000"],
     "cluster": ["--repeat", "1", "--latency-seconds", "1"],
-    "spark_sink": ["--sizes", "5000"],
+    "spark_sink": ["--sizes", "5000", "--without-dedup"],
     "matrix": [
         "--sweeps",
         "base,ids",
@@ -128,6 +128,16 @@ def test_dedup_refuses_proxies_without_postgres() -> None:
     assert "above 1 only with --store postgres" in done.stderr.splitlines()[-1]
 
 
+def test_dedup_refuses_the_memory_server() -> None:
+    """Its ``--ab`` sides are stores driven in-process, not served apps."""
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.dedup", "--ab", ":memory"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "measures the store itself" in done.stderr.splitlines()[-1]
+
+
 async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
     server: RunningServer,
 ) -> None:
@@ -148,3 +158,20 @@ async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
         # handed out since.
         group = (await admin.get_group("g"))["stats"]
         assert (group["in_flight"], [q["lag"] for q in group["queues"]]) == (0, [0, 0])
+
+
+def test_ab_memory_serves_this_tree_without_storage() -> None:
+    """``--ab :memory``: B is this tree's server on the in-memory store. It answers the same
+    calls as A, and writes no database where A writes its SQLite file."""
+    from benchmarks.harness.server import MEMORY_REF, servers
+    from consumer_sdk import Client
+
+    with servers("cproxy-test-memory-", MEMORY_REF) as (a, b):
+        assert b.source.commit.endswith("(memory store)")
+        for server in (a, b):
+            with Client(server.url) as admin:
+                admin.create_topic("t", queues=2)
+                admin.produce("t", [{"key": "k", "body": {"n": 1}}])
+                assert [t.name for t in admin.list_topics()] == ["t"]
+        assert (a.data_dir / "cproxy.db").exists()
+        assert not (b.data_dir / "cproxy.db").exists()

@@ -170,6 +170,7 @@ def arg_parser(doc: str | None, quick_help: str, ab: bool = False) -> argparse.A
             metavar="REF",
             help="also run a server from git REF (B, in a temporary worktree) and interleave\n"
             "its rounds with this tree's (A); report medians and ratios B/A. ':pure': B is\n"
-            "this tree with its compiled hot path run from source (CPROXY_PURE_PYTHON=1)",
+            "this tree with its compiled hot path run from source (CPROXY_PURE_PYTHON=1);\n"
+            "':memory': B is this tree on the in-memory store (no storage at all)",
         )
     return parser

@@ -44,11 +44,16 @@ class Source:
     commit: str
     #: Extra environment of the server process.
     env: tuple[tuple[str, str], ...] = ()
+    #: The module run as ``python -m <module> serve ...``.
+    module: str = "cproxy.cli"
 
 
 #: ``--ab`` value for "this tree with its hot path from source" (``cproxy/_native.py``): the
 #: compiler's gain, A/B in one run.
 PURE_REF = ":pure"
+#: ``--ab`` value for "this tree on the in-memory store" (:mod:`.memory_serve`): what the
+#: server's path costs without storage, A/B in one run.
+MEMORY_REF = ":memory"
 
 
 def this_tree(label: str = "A") -> Source:
@@ -59,6 +64,13 @@ def this_tree(label: str = "A") -> Source:
 def this_tree_pure(label: str = "B") -> Source:
     """This tree, with the compiled modules loaded from source (``CPROXY_PURE_PYTHON=1``)."""
     return Source(label, REPO, f"{git_commit(REPO)} (source)", ((PURE_ENV, "1"),))
+
+
+def this_tree_memory(label: str = "B") -> Source:
+    """This tree with the in-memory store in place of SQLite (:mod:`.memory_serve`)."""
+    compiled = _native.status() == "compiled"
+    commit = git_commit(REPO) + ("" if compiled else " from source")
+    return Source(label, REPO, f"{commit} (memory store)", module="benchmarks.harness.memory_serve")
 
 
 @contextlib.contextmanager
@@ -133,7 +145,7 @@ class ServerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 30.0) -> None:
-        cmd = [sys.executable, "-m", "cproxy.cli", "serve", "--host", "127.0.0.1"]
+        cmd = [sys.executable, "-m", self.source.module, "serve", "--host", "127.0.0.1"]
         cmd += ["--port", str(self.port), "--data-dir", str(self.data_dir)]
         cmd += ["--config", str(self.config), "--log-level", self.log_level]
         if self.store is not None:
@@ -194,7 +206,8 @@ def servers(
     prefix: str, ab_ref: str | None = None, config_toml: str = ""
 ) -> Iterator[list[ServerProcess]]:
     """One server from this tree (label A), plus one from ``ab_ref`` (label B) when given
-    (``PURE_REF``: this tree, hot path from source), each on its own temporary data dir and
+    (``PURE_REF``: this tree, hot path from source; ``MEMORY_REF``: this tree on the
+    in-memory store), each on its own temporary data dir and
     with ``config_toml`` as its config file; all stopped and cleaned up on exit."""
     root = Path(tempfile.mkdtemp(prefix=prefix))
     try:
@@ -202,6 +215,8 @@ def servers(
             sources = [this_tree()]
             if ab_ref == PURE_REF:
                 sources.append(this_tree_pure())
+            elif ab_ref == MEMORY_REF:
+                sources.append(this_tree_memory())
             elif ab_ref is not None:
                 sources.append(stack.enter_context(tree_at(ab_ref)))
             yield [stack.enter_context(running(root, s.label, s, config_toml)) for s in sources]
