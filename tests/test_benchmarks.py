@@ -119,23 +119,21 @@ def test_dedup_runs_proxies_over_one_postgres(request: pytest.FixtureRequest) ->
     assert "postgres x 2 proxies" in done.stdout, done.stdout
 
 
-def test_dedup_refuses_proxies_without_postgres() -> None:
+@pytest.mark.parametrize(
+    ("args", "why"),
+    [
+        (["--proxies", "2"], "above 1 only with --store postgres"),
+        # Its --ab sides are stores driven in-process, not served apps.
+        (["--ab", ":memory"], "measures the store itself"),
+    ],
+)
+def test_dedup_refuses_what_it_cannot_measure(args: list[str], why: str) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.dedup", "--proxies", "2"],
+        [sys.executable, "-m", "benchmarks.dedup", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 2
-    assert "above 1 only with --store postgres" in done.stderr.splitlines()[-1]
-
-
-def test_dedup_refuses_the_memory_server() -> None:
-    """Its ``--ab`` sides are stores driven in-process, not served apps."""
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.dedup", "--ab", ":memory"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert "measures the store itself" in done.stderr.splitlines()[-1]
+    assert why in done.stderr.splitlines()[-1]
 
 
 async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
