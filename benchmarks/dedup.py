@@ -202,13 +202,14 @@ def main() -> None:
         parser.error("--entries must be at least 1000; --appends, --batch and --rounds positive")
     if args.proxies < 1 or (args.proxies > 1 and args.store != "postgres"):
         parser.error("--proxies must be positive, and above 1 only with --store postgres")
-    if args.ab == ":memory":
-        parser.error("--ab :memory measures a served app; this scenario measures the store itself")
     if args.child:
         print(orjson.dumps(_child(args)).decode())
         return
     from benchmarks.harness.report import interleaved, load_average, machine_facts, progress
-    from benchmarks.harness.server import PURE_REF, this_tree, this_tree_pure, tree_at
+    from benchmarks.harness.server import MEMORY_REF, PURE_REF, this_tree, this_tree_pure, tree_at
+
+    if args.ab == MEMORY_REF:
+        parser.error("--ab :memory measures a served app; this scenario measures the store itself")
 
     facts = machine_facts()
     with contextlib.ExitStack() as stack:

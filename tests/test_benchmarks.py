@@ -17,6 +17,8 @@ import pytest
 
 import benchmarks
 from benchmarks.harness.load import client, consume, create_topic, make_batches, produce, put_group
+from benchmarks.harness.server import MEMORY_REF, servers
+from consumer_sdk import Client
 from tests.store.conftest import pg_skip
 from tests.store.pg_server import PgUnavailable, bin_dir
 from tests.support import RunningServer
@@ -161,9 +163,6 @@ async def test_a_run_ends_without_waiting_out_the_pullers_long_polls(
 def test_ab_memory_serves_this_tree_without_storage() -> None:
     """``--ab :memory``: B is this tree's server on the in-memory store. It answers the same
     calls as A, and writes no database where A writes its SQLite file."""
-    from benchmarks.harness.server import MEMORY_REF, servers
-    from consumer_sdk import Client
-
     with servers("cproxy-test-memory-", MEMORY_REF) as (a, b):
         assert b.source.commit.endswith("(memory store)")
         for server in (a, b):

@@ -21,7 +21,7 @@ def _memory_store(data_dir: Path | str, **_settings: object) -> MemoryStore:
 
 
 if __name__ == "__main__":
-    # create_app imports SqliteStore from its module when it builds the store, so this is
-    # the one place that decides which store a served app gets.
+    # create_app looks SqliteStore up in its module when it builds the default store, so
+    # replacing the module's attribute before the CLI starts swaps the store of the app.
     cproxy.store.sqlite.SqliteStore = _memory_store  # type: ignore[misc,assignment]
     main()

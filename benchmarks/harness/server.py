@@ -68,9 +68,8 @@ def this_tree_pure(label: str = "B") -> Source:
 
 def this_tree_memory(label: str = "B") -> Source:
     """This tree with the in-memory store in place of SQLite (:mod:`.memory_serve`)."""
-    compiled = _native.status() == "compiled"
-    commit = git_commit(REPO) + ("" if compiled else " from source")
-    return Source(label, REPO, f"{commit} (memory store)", module="benchmarks.harness.memory_serve")
+    commit = f"{this_tree(label).commit} (memory store)"
+    return Source(label, REPO, commit, module="benchmarks.harness.memory_serve")
 
 
 @contextlib.contextmanager
